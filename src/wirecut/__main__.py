@@ -1,0 +1,3 @@
+from wirecut.cli import main
+
+main()
