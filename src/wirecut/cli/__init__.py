@@ -17,3 +17,8 @@ from wirecut import __version__
 @click.version_option(__version__, prog_name="wirecut")
 def main() -> None:
     """A console for LLM-agent commands whose cancel really cancels."""
+
+
+from wirecut.cli._provider import provider  # noqa: E402
+
+main.add_command(provider)

@@ -1,0 +1,311 @@
+"""One chat completion, from queue to last token, as llama.cpp serves it.
+
+``CompletionResponse`` is the ASGI response that the app returns for a valid
+request. It runs on the server's event loop, and it owns the whole life of
+the request: wait for a slot (FIFO), spend ``prompt_ms``, decode at
+``tokens_per_second``, stream or answer at the end, free the slot.
+
+Peer close: a watcher task reads ``receive()`` until ``http.disconnect``. The
+decode loop looks at what it saw at each token and before each write, like
+llama.cpp, which notices a dead client only when it tries to send. A request
+still in the queue stops waiting at once: a client that left never takes a
+slot (llama.cpp #13262 lets it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from wirecut.simulator import _openai_format as fmt
+from wirecut.simulator._chat_request import ChatRequest
+from wirecut.simulator._config import SimConfig
+from wirecut.simulator._events import EventKind, EventLog
+from wirecut.simulator._requests import RequestLedger, RequestState
+from wirecut.simulator._script import Piece, ScriptedReply
+from wirecut.simulator._slots import Slot, SlotPool
+from wirecut.simulator._words import count_prompt_tokens, word_stream
+
+__all__ = ["CompletionResponse", "Runtime"]
+
+
+@dataclass(slots=True)
+class Runtime:
+    """What every completion shares: the knobs, the slots, the records.
+
+    Touched from the event loop, except ``events`` and ``ledger`` which are
+    thread-safe for readers.
+    """
+
+    config: SimConfig
+    pool: SlotPool
+    ledger: RequestLedger
+    events: EventLog
+    # Set once, on the event loop, when the server starts shutting down.
+    shutting_down: bool = False
+    # One event per running completion, set on shutdown so that a completion
+    # asleep between tokens stops at once instead of holding uvicorn's exit.
+    active: set[asyncio.Event] = field(default_factory=set)
+
+
+class _PeerClosed(Exception):
+    """The client is gone; ``where`` says in which phase it was noticed."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(where)
+        self.where = where
+
+
+class _Aborted(Exception):
+    """The simulator is shutting down under this request."""
+
+
+class CompletionResponse(Response):
+    """Serve one accepted chat completion (stream or not). Event loop only."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        request: ChatRequest,
+        scripted: ScriptedReply | None,
+        client: str | None,
+    ) -> None:
+        # Deliberately not calling Response.__init__: there is no fixed body.
+        self._rt = runtime
+        self._request = request
+        self._scripted = scripted
+        self._client = client
+        self.status_code = 200
+        self.background = None
+        self._peer_gone_at: float | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gone = asyncio.Event()
+        stop = asyncio.Event()
+        self._rt.active.add(stop)
+        if self._rt.shutting_down:
+            stop.set()
+        watcher = asyncio.create_task(self._watch_disconnect(receive, gone))
+        try:
+            await self._serve(send, gone, stop)
+        finally:
+            self._rt.active.discard(stop)
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+
+    async def _watch_disconnect(self, receive: Receive, gone: asyncio.Event) -> None:
+        # The body was already read, so the next message is http.disconnect:
+        # uvicorn delivers it when the connection is lost (FIN or RST).
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self._peer_gone_at = time.monotonic()
+                gone.set()
+                return
+
+    async def _serve(self, send: Send, gone: asyncio.Event, stop: asyncio.Event) -> None:
+        rt, req = self._rt, self._request
+        request_id = rt.ledger.open(req.stream)
+        rt.events.append(
+            EventKind.REQUEST_RECEIVED,
+            request_id,
+            stream=req.stream,
+            client=self._client,
+            scripted=self._scripted is not None,
+            max_tokens=req.max_tokens,
+        )
+        headers = {"x-request-id": request_id}
+        if req.stream:
+            # Headers go out at once, as llama.cpp's chunked provider does.
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": _raw_headers(
+                        {
+                            **headers,
+                            "content-type": "text/event-stream",
+                            "cache-control": "no-cache",
+                        }
+                    ),
+                }
+            )
+
+        slot = rt.pool.try_acquire(request_id)
+        if slot is None:
+            rt.events.append(
+                EventKind.REQUEST_QUEUED, request_id, position=rt.pool.queue_length + 1
+            )
+            # While queued, the client's leaving must not wait for a token: there is none.
+            slot = await rt.pool.acquire(request_id, gone)
+            if slot is None:
+                if self._peer_gone_at is not None:
+                    self._finish_peer_closed(request_id, "queue", 0)
+                else:
+                    self._finish(request_id, RequestState.ABORTED, "shutdown", 0)
+                    await _end_body(send, req.stream)
+                return
+
+        try:
+            rt.ledger.move(request_id, RequestState.PROMPT, slot=slot.id)
+            rt.events.append(EventKind.SLOT_ACQUIRED, request_id, slot=slot.id)
+            await self._decode(request_id, slot, send, stop, headers)
+        except _PeerClosed as closed:
+            self._finish_peer_closed(request_id, closed.where, slot.n_decoded)
+        except OSError:
+            # ASGI 2.4 servers report a dead peer by raising from send() instead.
+            self._finish_peer_closed(request_id, "decode", slot.n_decoded)
+        except _Aborted:
+            self._finish(request_id, RequestState.ABORTED, "shutdown", slot.n_decoded)
+            await _end_body(send, req.stream)
+        finally:
+            rt.pool.release(slot)
+            rt.events.append(EventKind.SLOT_FREED, request_id, slot=slot.id)
+
+    async def _decode(
+        self,
+        request_id: str,
+        slot: Slot,
+        send: Send,
+        stop: asyncio.Event,
+        headers: dict[str, str],
+    ) -> None:
+        rt, req, cfg = self._rt, self._request, self._rt.config
+        pieces, limit, natural_end = self._plan()
+        completion_id = f"chatcmpl-{request_id}"
+        model = req.model or cfg.model
+        created = int(time.time())
+
+        await _sleep(cfg.prompt_ms / 1000.0, stop)
+        t_first = time.monotonic()
+        produced: list[Piece] = []
+        n = 0
+        for piece in itertools.islice(pieces, limit):
+            self._check("prompt" if n == 0 else "decode")
+            if n > 0:
+                # Absolute deadlines: the rate does not drift with scheduling delays.
+                await _sleep(t_first + n * cfg.token_interval - time.monotonic(), stop)
+                self._check("decode")
+            n += 1
+            if n == 1:
+                rt.ledger.move(request_id, RequestState.DECODING)
+                rt.events.append(EventKind.FIRST_TOKEN, request_id, slot=slot.id)
+            rt.pool.set_decoded(slot, n)
+            rt.ledger.set_decoded(request_id, n)
+            rt.events.append(EventKind.TOKEN, request_id, slot=slot.id, n=n)
+            if req.stream:
+                delta = fmt.delta_for(piece, first=n == 1)
+                await send(_body(fmt.sse(fmt.chunk(completion_id, model, created, delta))))
+            else:
+                produced.append(piece)
+
+        if limit is not None and n >= limit and not (natural_end and limit == n):
+            finish_reason = "length"
+        elif self._scripted is not None and self._scripted.tool_calls:
+            finish_reason = "tool_calls"
+        else:
+            finish_reason = "stop"
+        self._check("prompt" if n == 0 else "decode")
+        usage = fmt.usage(count_prompt_tokens(req.messages), n)
+        if req.stream:
+            final = fmt.chunk(completion_id, model, created, {}, finish_reason)
+            body = fmt.sse(final)
+            if req.include_usage:
+                usage_chunk = fmt.chunk(completion_id, model, created, {})
+                usage_chunk["choices"] = []
+                usage_chunk["usage"] = usage
+                body += fmt.sse(usage_chunk)
+            await send(_body(body + fmt.DONE, more=False))
+        else:
+            payload = fmt.completion(
+                completion_id, model, created, fmt.message_for(produced), finish_reason, usage
+            )
+            await _send_json(send, payload, headers)
+        self._finish(request_id, RequestState.FINISHED, finish_reason, n)
+
+    def _plan(self) -> tuple[Iterator[Piece], int | None, bool]:
+        """The tokens to emit, how many at most, and whether that count is the reply's own end."""
+        cfg, max_tokens = self._rt.config, self._request.max_tokens
+        if self._scripted is not None:
+            # A script ends by itself; only max_tokens can cut it short.
+            return self._scripted.pieces(), max_tokens, False
+        words = (Piece(content=w) for w in word_stream(self._request.messages))
+        natural = None if cfg.endless else cfg.reply_tokens
+        if max_tokens is None:
+            return words, natural, natural is not None
+        if natural is None or max_tokens < natural:
+            return words, max_tokens, False
+        return words, natural, True
+
+    def _check(self, where: str) -> None:
+        if self._peer_gone_at is not None:
+            raise _PeerClosed(where)
+        if self._rt.shutting_down:
+            raise _Aborted
+
+    def _finish_peer_closed(self, request_id: str, where: str, n_decoded: int) -> None:
+        self._rt.events.append(
+            EventKind.PEER_CLOSED,
+            request_id,
+            where=where,
+            n_decoded=n_decoded,
+            t_disconnect=self._peer_gone_at,
+        )
+        self._finish(request_id, RequestState.PEER_CLOSED, "peer_closed", n_decoded)
+
+    def _finish(self, request_id: str, state: RequestState, reason: str, n: int) -> None:
+        self._rt.ledger.move(request_id, state, finish_reason=reason)
+        self._rt.events.append(EventKind.REQUEST_FINISHED, request_id, reason=reason, n_decoded=n)
+
+
+async def _sleep(seconds: float, stop: asyncio.Event) -> None:
+    # Only shutdown cuts a sleep short. A peer close waits for the next token:
+    # llama.cpp, too, notices a dead client only when it has a token to send.
+    if seconds > 0 and not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), seconds)
+
+
+def _raw_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+
+def _body(data: bytes, more: bool = True) -> dict[str, object]:
+    return {"type": "http.response.body", "body": data, "more_body": more}
+
+
+async def _end_body(send: Send, started: bool) -> None:
+    # A stream whose headers are out ends without [DONE]: the client sees a cut reply.
+    if started:
+        await send(_body(b"", more=False))
+    else:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 503,
+                "headers": _raw_headers({"content-type": "application/json"}),
+            }
+        )
+        err = fmt.error_body("the simulator is shutting down", "server_error")
+        await send(_body(fmt.json_bytes(err), more=False))
+
+
+async def _send_json(send: Send, payload: dict[str, object], headers: dict[str, str]) -> None:
+    data = fmt.json_bytes(payload)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": _raw_headers(
+                {**headers, "content-type": "application/json", "content-length": str(len(data))}
+            ),
+        }
+    )
+    await send(_body(data, more=False))

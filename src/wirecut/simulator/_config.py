@@ -1,0 +1,61 @@
+"""The simulator's knobs: how many slots, how fast, how long a reply is.
+
+``SimConfig`` is a frozen value, validated in its constructor (a NaN or
+negative rate is a ``ValueError`` there, not a hang later). Safe to build and
+share from any thread.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["SimConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """How the simulated llama.cpp server behaves (PROTOCOL.md, "The simulator").
+
+    - ``slots``: requests decoded at once; the rest wait in a FIFO queue.
+    - ``tokens_per_second``: decode rate of each slot.
+    - ``prompt_ms``: time from taking a slot to the first token.
+    - ``reply_tokens``: length of a generated reply (``max_tokens`` still caps it).
+    - ``endless``: ignore ``reply_tokens``; decode up to the request's
+      ``max_tokens``, or without end when it gives none.
+    - ``model``: the id that ``/v1/models`` lists.
+    """
+
+    slots: int = 1
+    tokens_per_second: float = 20.0
+    prompt_ms: float = 300.0
+    reply_tokens: int = 48
+    endless: bool = False
+    model: str = "wirecut-sim"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
+            raise ValueError(f"slots must be an int >= 1, got {self.slots!r}")
+        if not _finite(self.tokens_per_second) or self.tokens_per_second <= 0:
+            raise ValueError(
+                f"tokens_per_second must be a finite number > 0, got {self.tokens_per_second!r}"
+            )
+        if not _finite(self.prompt_ms) or self.prompt_ms < 0:
+            raise ValueError(f"prompt_ms must be a finite number >= 0, got {self.prompt_ms!r}")
+        if (
+            isinstance(self.reply_tokens, bool)
+            or not isinstance(self.reply_tokens, int)
+            or self.reply_tokens < 0
+        ):
+            raise ValueError(f"reply_tokens must be an int >= 0, got {self.reply_tokens!r}")
+        if not self.model:
+            raise ValueError("model must be a non-empty string")
+
+    @property
+    def token_interval(self) -> float:
+        """Seconds between two tokens of one slot."""
+        return 1.0 / self.tokens_per_second
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,525 @@
+"""The llama.cpp-like simulator, over real sockets and real threads.
+
+Nothing here sleeps to wait for something: every wait is ``sim.wait_for`` on
+the simulator's event log (a condition variable), or a blocking read, with a
+bound.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import types
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+import wirecut.simulator
+from wirecut.cli import main
+from wirecut.simulator import (
+    EventKind,
+    RequestState,
+    SimConfig,
+    SimEvent,
+    SimulatorServer,
+    directive_responder,
+)
+
+FAST: dict[str, Any] = {"tokens_per_second": 200.0, "prompt_ms": 10.0, "reply_tokens": 8}
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture
+def make_sim() -> Iterator[Callable[..., SimulatorServer]]:
+    """Start simulators with FAST defaults overridden by keywords; stop them all after."""
+    servers: list[SimulatorServer] = []
+
+    def make(responder: Any = None, **overrides: Any) -> SimulatorServer:
+        server = SimulatorServer(SimConfig(**{**FAST, **overrides}), responder=responder)
+        server.start()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def client() -> Iterator[httpx.Client]:
+    with httpx.Client(timeout=10) as c:
+        yield c
+
+
+def raw_request(sim: SimulatorServer, body: dict[str, Any]) -> socket.socket:
+    """Send a chat completion on a raw socket and leave the response unread."""
+    sock = socket.create_connection((sim.host, sim.port), timeout=10)
+    data = json.dumps(body).encode()
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: sim\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + data)
+    return sock
+
+
+def request_id_of(sim: SimulatorServer, sock: socket.socket) -> str:
+    """The simulator's id for the request sent on ``sock`` (matched by client port)."""
+    host, port = sock.getsockname()[:2]
+    event = sim.wait_for(
+        lambda ev: (
+            ev.kind == EventKind.REQUEST_RECEIVED and ev.detail["client"] == f"{host}:{port}"
+        ),
+        timeout=5,
+    )
+    assert event.request_id is not None
+    return event.request_id
+
+
+def of(kind: EventKind, request_id: str) -> Callable[[SimEvent], bool]:
+    return lambda ev: ev.kind == kind and ev.request_id == request_id
+
+
+def summary(sim: SimulatorServer, request_id: str) -> Any:
+    return next(s for s in sim.requests() if s.id == request_id)
+
+
+def stream_text(lines: Iterator[str]) -> tuple[str, list[dict[str, Any]]]:
+    chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    return text, chunks
+
+
+# -- shapes -----------------------------------------------------------------
+
+
+def test_health_models_and_slots_have_llama_cpp_shapes(
+    make_sim: Callable[..., SimulatorServer], client: httpx.Client
+) -> None:
+    sim = make_sim(slots=2)
+    assert client.get(sim.url + "/health").json() == {"status": "ok"}
+    models = client.get(sim.base_url + "/models").json()
+    assert models["object"] == "list"
+    assert models["data"][0]["id"] == "wirecut-sim"
+    slots = client.get(sim.url + "/slots").json()
+    assert [(s["id"], s["is_processing"], s["n_decoded"]) for s in slots] == [
+        (0, False, 0),
+        (1, False, 0),
+    ]
+    assert sim.base_url == f"http://127.0.0.1:{sim.port}/v1"
+
+
+def test_non_stream_reply_is_one_completion_with_usage(
+    make_sim: Callable[..., SimulatorServer], client: httpx.Client
+) -> None:
+    sim = make_sim()
+    resp = client.post(sim.base_url + "/chat/completions", json={"messages": HELLO})
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["finish_reason"] == "stop"
+    content = body["choices"][0]["message"]["content"]
+    assert len(content.split()) == 8
+    assert body["usage"]["completion_tokens"] == 8
+    assert body["id"] == f"chatcmpl-{resp.headers['x-request-id']}"
+
+
+def test_stream_reply_has_chunks_finish_usage_and_done(
+    make_sim: Callable[..., SimulatorServer], client: httpx.Client
+) -> None:
+    sim = make_sim()
+    body = {"messages": HELLO, "stream": True, "stream_options": {"include_usage": True}}
+    with client.stream("POST", sim.base_url + "/chat/completions", json=body) as resp:
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        lines = list(resp.iter_lines())
+    text, chunks = stream_text(iter(lines))
+    assert len(text.split()) == 8
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"]["completion_tokens"] == 8
+    assert [line for line in lines if line][-1] == "data: [DONE]"
+
+
+def test_same_request_gives_same_text_stream_or_not(
+    make_sim: Callable[..., SimulatorServer], client: httpx.Client
+) -> None:
+    sim = make_sim()
+    url = sim.base_url + "/chat/completions"
+    first = client.post(url, json={"messages": HELLO}).json()["choices"][0]["message"]["content"]
+    again = client.post(url, json={"messages": HELLO}).json()["choices"][0]["message"]["content"]
+    with client.stream("POST", url, json={"messages": HELLO, "stream": True}) as resp:
+        streamed, _ = stream_text(resp.iter_lines())
+    other = client.post(url, json={"messages": [{"role": "user", "content": "bye"}]}).json()
+    assert first == again == streamed
+    assert other["choices"][0]["message"]["content"] != first
+
+
+def test_max_tokens_caps_the_reply_with_finish_reason_length(
+    make_sim: Callable[..., SimulatorServer], client: httpx.Client
+) -> None:
+    sim = make_sim()
+    body = client.post(
+        sim.base_url + "/chat/completions", json={"messages": HELLO, "max_tokens": 3}
+    ).json()
+    assert body["usage"]["completion_tokens"] == 3
+    assert body["choices"][0]["finish_reason"] == "length"
+
+
+def test_endless_decodes_up_to_max_tokens(
+    make_sim: Callable[..., SimulatorServer], client: httpx.Client
+) -> None:
+    sim = make_sim(endless=True, reply_tokens=2, tokens_per_second=1000.0)
+    body = client.post(
+        sim.base_url + "/chat/completions", json={"messages": HELLO, "max_tokens": 40}
+    ).json()
+    assert body["usage"]["completion_tokens"] == 40
+    assert body["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize(
+    ("payload", "param"),
+    [
+        (b"{not json", None),
+        (b"[1, 2]", None),
+        (b'{"model": "x"}', "messages"),
+        (b'{"messages": "hello"}', "messages"),
+        (b'{"messages": []}', "messages"),
+        (b'{"messages": [{"content": "no role"}]}', "messages[0].role"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": "5"}', "max_tokens"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": true}', "max_tokens"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}', "stream"),
+    ],
+)
+def test_bad_request_gets_openai_400(
+    make_sim: Callable[..., SimulatorServer],
+    client: httpx.Client,
+    payload: bytes,
+    param: str | None,
+) -> None:
+    sim = make_sim()
+    resp = client.post(
+        sim.base_url + "/chat/completions",
+        content=payload,
+        headers={"content-type": "application/json"},
+    )
+    assert resp.status_code == 400
+    error = resp.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert error["code"] is None
+    assert error["message"]
+    assert sim.requests() == []
+
+
+# -- slots and queue ----------------------------------------------------------
+
+
+def test_second_client_waits_for_the_only_slot(
+    make_sim: Callable[..., SimulatorServer], client: httpx.Client
+) -> None:
+    sim = make_sim(slots=1, tokens_per_second=100.0, reply_tokens=10)
+    url = sim.base_url + "/chat/completions"
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(client.post, url, json={"messages": HELLO})
+        sim.wait_for(of(EventKind.SLOT_ACQUIRED, "req-1"), timeout=5)
+        second = pool.submit(client.post, url, json={"messages": HELLO})
+        queued = sim.wait_for(of(EventKind.REQUEST_QUEUED, "req-2"), timeout=5)
+        assert queued.detail["position"] == 1
+        assert sim.slots()[0]["request_id"] == "req-1"
+        assert first.result(10).status_code == second.result(10).status_code == 200
+    freed = sim.wait_for(of(EventKind.SLOT_FREED, "req-1"), timeout=5)
+    acquired = sim.wait_for(of(EventKind.SLOT_ACQUIRED, "req-2"), timeout=5)
+    assert queued.seq < freed.seq < acquired.seq
+    assert [s.state for s in sim.requests()] == [RequestState.FINISHED] * 2
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "non_stream"])
+@pytest.mark.parametrize("how", ["shutdown", "close"])
+def test_peer_close_is_noticed_within_one_token_and_frees_the_slot(
+    make_sim: Callable[..., SimulatorServer], stream: bool, how: str
+) -> None:
+    sim = make_sim(endless=True, tokens_per_second=20.0)
+    interval = 1 / 20
+    sock = raw_request(sim, {"messages": HELLO, "stream": stream})
+    with sock:
+        request_id = request_id_of(sim, sock)
+        sim.wait_for(
+            lambda ev: ev.request_id == request_id and ev.kind == "token" and ev.detail["n"] >= 3,
+            timeout=5,
+        )
+        t_cut = time.monotonic()
+        if how == "shutdown":
+            sock.shutdown(socket.SHUT_RDWR)
+        else:
+            sock.close()
+        closed = sim.wait_for(of(EventKind.PEER_CLOSED, request_id), timeout=5)
+        freed = sim.wait_for(of(EventKind.SLOT_FREED, request_id), timeout=5)
+    # The next token is at most one interval away; allow scheduling slack.
+    assert closed.t - t_cut < interval + 0.05
+    assert closed.detail["where"] == "decode"
+    assert freed.seq > closed.seq
+    done = summary(sim, request_id)
+    assert done.closed_by_peer
+    assert done.state is RequestState.PEER_CLOSED
+    assert 3 <= done.n_decoded <= 6
+    assert not any(
+        ev.kind == "token" and ev.request_id == request_id for ev in sim.events(closed.seq)
+    )
+    assert sim.slots()[0]["is_processing"] is False
+
+
+def test_queued_client_that_leaves_never_takes_a_slot(
+    make_sim: Callable[..., SimulatorServer],
+) -> None:
+    sim = make_sim(slots=1, endless=True, tokens_per_second=50.0)
+    holder = raw_request(sim, {"messages": HELLO, "stream": True})
+    with holder:
+        holder_id = request_id_of(sim, holder)
+        sim.wait_for(of(EventKind.FIRST_TOKEN, holder_id), timeout=5)
+        with raw_request(sim, {"messages": HELLO}) as leaver:
+            leaver_id = request_id_of(sim, leaver)
+            sim.wait_for(of(EventKind.REQUEST_QUEUED, leaver_id), timeout=5)
+            t_cut = time.monotonic()
+            leaver.shutdown(socket.SHUT_RDWR)
+            closed = sim.wait_for(of(EventKind.PEER_CLOSED, leaver_id), timeout=5)
+        # In the queue there is no token to wait for: it is noticed at once.
+        assert closed.detail["where"] == "queue"
+        assert closed.t - t_cut < 0.5
+        holder.shutdown(socket.SHUT_RDWR)
+        sim.wait_for(of(EventKind.SLOT_FREED, holder_id), timeout=5)
+
+    with httpx.Client(timeout=10) as c:
+        after = c.post(
+            sim.base_url + "/chat/completions", json={"messages": HELLO, "max_tokens": 2}
+        )
+    assert after.status_code == 200
+    assert not any(ev.request_id == leaver_id and ev.kind == "slot_acquired" for ev in sim.events())
+    left = summary(sim, leaver_id)
+    assert (left.state, left.n_decoded, left.slot) == (RequestState.PEER_CLOSED, 0, None)
+
+
+def test_events_are_ordered_with_monotonic_timestamps(
+    make_sim: Callable[..., SimulatorServer], client: httpx.Client
+) -> None:
+    sim = make_sim(reply_tokens=4)
+    client.post(sim.base_url + "/chat/completions", json={"messages": HELLO})
+    sim.wait_for(of(EventKind.SLOT_FREED, "req-1"), timeout=5)
+    events = client.get(sim.url + "/sim/events").json()
+    assert [e["seq"] for e in events] == list(range(len(events)))
+    times = [e["t"] for e in events]
+    assert times == sorted(times)
+    assert [e["kind"] for e in events] == [
+        "request_received",
+        "slot_acquired",
+        "first_token",
+        *["token"] * 4,
+        "request_finished",
+        "slot_freed",
+    ]
+    first_token = events[2]["t"]
+    assert first_token - events[1]["t"] >= 0.010  # prompt_ms passed before it
+    tail = client.get(sim.url + "/sim/events", params={"since": len(events) - 2}).json()
+    assert [e["kind"] for e in tail] == ["request_finished", "slot_freed"]
+    requests = client.get(sim.url + "/sim/requests").json()
+    assert requests[0]["id"] == "req-1"
+    assert requests[0]["t_start"] <= requests[0]["t_end"]
+    assert client.post(sim.url + "/sim/reset").json() == {"status": "ok"}
+    assert sim.events() == []
+    assert sim.requests() == []
+
+
+# -- scripting hook -----------------------------------------------------------
+
+
+def _tool_script(request: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "content": "Let me look.",
+        "tool_calls": [
+            {"function": {"name": "shell", "arguments": {"cmd": "ls -la /tmp/some/long/path"}}},
+        ],
+    }
+
+
+def test_scripted_tool_calls_non_stream(
+    make_sim: Callable[..., SimulatorServer], client: httpx.Client
+) -> None:
+    seen: list[dict[str, Any]] = []
+
+    def responder(request: dict[str, Any]) -> dict[str, Any]:
+        seen.append(request)
+        return _tool_script(request)
+
+    sim = make_sim(responder=responder)
+    tools = [{"type": "function", "function": {"name": "shell", "parameters": {}}}]
+    body = client.post(
+        sim.base_url + "/chat/completions", json={"messages": HELLO, "tools": tools}
+    ).json()
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "Let me look."
+    (call,) = choice["message"]["tool_calls"]
+    assert call["id"] == "call_s1_0"
+    assert call["function"]["name"] == "shell"
+    assert json.loads(call["function"]["arguments"]) == {"cmd": "ls -la /tmp/some/long/path"}
+    assert seen[0]["tools"] == tools
+    # One token per word of content, one for the header, one per argument chunk.
+    assert body["usage"]["completion_tokens"] == summary(sim, "req-1").n_decoded > 5
+
+
+def test_scripted_tool_calls_stream_as_indexed_deltas(
+    make_sim: Callable[..., SimulatorServer], client: httpx.Client
+) -> None:
+    sim = make_sim(responder=_tool_script)
+    body = {"messages": HELLO, "stream": True}
+    with client.stream("POST", sim.base_url + "/chat/completions", json=body) as resp:
+        text, chunks = stream_text(resp.iter_lines())
+    assert text == "Let me look."
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    assert calls[0] == {
+        "index": 0,
+        "id": "call_s1_0",
+        "type": "function",
+        "function": {"name": "shell", "arguments": ""},
+    }
+    assert all(c["index"] == 0 and set(c) == {"index", "function"} for c in calls[1:])
+    assert len(calls) > 2
+    arguments = "".join(c["function"]["arguments"] for c in calls)
+    assert json.loads(arguments) == {"cmd": "ls -la /tmp/some/long/path"}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_scripted_reply_works_with_the_openai_sdk(
+    make_sim: Callable[..., SimulatorServer],
+) -> None:
+    openai = pytest.importorskip("openai")
+    sim = make_sim(responder=_tool_script)
+    with openai.OpenAI(base_url=sim.base_url, api_key="sim", max_retries=0) as sdk:
+        stream = sdk.chat.completions.create(model="m", messages=HELLO, stream=True)
+        names = [
+            call.function.name
+            for chunk in stream
+            for call in (chunk.choices[0].delta.tool_calls or [] if chunk.choices else [])
+            if call.function and call.function.name
+        ]
+    assert names == ["shell"]
+
+
+def test_directive_responder_reads_the_reply_from_the_last_user_message(
+    make_sim: Callable[..., SimulatorServer], client: httpx.Client
+) -> None:
+    sim = make_sim(responder=directive_responder)
+    url = sim.base_url + "/chat/completions"
+    directive = '#sim-reply {"content": "scripted words here"}'
+    scripted = client.post(url, json={"messages": [{"role": "user", "content": directive}]})
+    plain = client.post(url, json={"messages": HELLO})
+    broken = client.post(url, json={"messages": [{"role": "user", "content": "#sim-reply ["}]})
+    assert scripted.json()["choices"][0]["message"]["content"] == "scripted words here"
+    assert len(plain.json()["choices"][0]["message"]["content"].split()) == 8
+    assert broken.status_code == 500
+    assert broken.json()["error"]["type"] == "server_error"
+
+
+# -- lifecycle --------------------------------------------------------------
+
+
+def test_stop_ends_an_endless_stream_and_joins_the_thread() -> None:
+    sim = SimulatorServer(SimConfig(endless=True, tokens_per_second=50.0, prompt_ms=0))
+    sim.start()
+    try:
+        sock = raw_request(sim, {"messages": HELLO, "stream": True})
+        with sock:
+            request_id = request_id_of(sim, sock)
+            sim.wait_for(of(EventKind.FIRST_TOKEN, request_id), timeout=5)
+            sim.stop()
+            finished = sim.wait_for(of(EventKind.REQUEST_FINISHED, request_id), timeout=0)
+            sock.settimeout(5)
+            while sock.recv(65536):
+                pass  # the server closes the connection: recv reaches EOF
+    finally:
+        sim.stop()
+    assert finished.detail["reason"] == "shutdown"
+    with pytest.raises(RuntimeError, match="stopped"):
+        sim.start()
+
+
+def test_server_that_cannot_listen_says_so(make_sim: Callable[..., SimulatorServer]) -> None:
+    busy = make_sim()
+    clash = SimulatorServer(SimConfig(), port=busy.port)
+    with pytest.raises(RuntimeError, match="could not listen"):
+        clash.start()
+    assert clash.state.value == "stopped"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"slots": 0},
+        {"tokens_per_second": 0},
+        {"tokens_per_second": float("nan")},
+        {"prompt_ms": -1},
+        {"reply_tokens": -1},
+        {"slots": True},
+    ],
+)
+def test_sim_config_rejects_bad_values(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        SimConfig(**bad)
+
+
+def test_exports_are_complete_and_sorted() -> None:
+    exported = wirecut.simulator.__all__
+    assert exported == sorted(exported)
+    public = {
+        name
+        for name, value in vars(wirecut.simulator).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    }
+    assert public == set(exported)
+
+
+def test_simulator_imports_nothing_from_the_client_side() -> None:
+    code = (
+        "import sys, wirecut.simulator\n"
+        "bad = [m for m in sys.modules if m.split('.')[:2] in "
+        "(['wirecut', 'scope'], ['wirecut', 'http'], ['wirecut', 'provider'])]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+
+
+# -- command line -----------------------------------------------------------
+
+
+def test_provider_help_lists_the_protocol_flags() -> None:
+    result = CliRunner().invoke(main, ["provider", "--help"])
+    assert result.exit_code == 0
+    for flag in ("--host", "--port", "--slots", "--tokens-per-second", "--prompt-ms"):
+        assert flag in result.output
+    assert "--reply-tokens" in result.output
+    assert "--endless" in result.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--tokens-per-second", "-1"],
+        ["--tokens-per-second", "nan"],
+        ["--prompt-ms", "-5"],
+        ["--slots", "0"],
+        ["--reply-tokens", "-1"],
+        ["--port", "70000"],
+        ["--no-such-flag"],
+    ],
+)
+def test_provider_bad_flag_exits_2(args: list[str]) -> None:
+    result = CliRunner().invoke(main, ["provider", *args])
+    assert result.exit_code == 2, result.output
