@@ -19,6 +19,11 @@ def main() -> None:
     """A console for LLM-agent commands whose cancel really cancels."""
 
 
+from wirecut.cli._local import local  # noqa: E402
+
+main.add_command(local)
+
+
 from wirecut.cli._provider import provider  # noqa: E402
 
 main.add_command(provider)

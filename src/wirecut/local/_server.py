@@ -1,0 +1,431 @@
+"""``LocalServer``: the embedded llama.cpp server as a child process.
+
+The console uses it as its default provider; ``wirecut local`` runs it alone.
+The server child (``wirecut.local._child``) loads xllamacpp's in-process
+``Server`` in its own Python process, in its own process group, listening on
+loopback with two slots, ``/slots`` and ``/metrics`` on, two threads, and the
+built-in Gemma chat template.
+
+Who may call what: ``start()``, ``stop()`` and ``wait()`` from any thread;
+``stop()`` is idempotent and also runs at interpreter exit. The child never
+outlives us: ``stop()`` kills its process group and reaps it (DESIGN.md fact
+8), and if this process dies without stopping it, the child notices the end
+of its stdin pipe (and, when started from the main thread on Linux, gets
+``PR_SET_PDEATHSIG``) and exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import enum
+import http.client
+import json
+import math
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+import wirecut
+from wirecut._paths import default_data_dir
+from wirecut.local._errors import LocalServerError, LocalUnavailable
+from wirecut.local._model import MODEL_NAME, ensure_model, is_available
+
+__all__ = ["LocalServer", "ServerState"]
+
+_STDERR_TAIL_LINES = 30
+_HEALTH_POLL_S = 0.05
+
+
+class ServerState(enum.Enum):
+    """The lifecycle of a ``LocalServer``; it only moves down this list."""
+
+    NEW = "new"  # constructed; start() not called yet
+    STARTING = "starting"  # child spawned, waiting for its address and /health
+    RUNNING = "running"  # /health answered; base_url is valid
+    STOPPED = "stopped"  # stop() ran or start() failed; the child is reaped
+
+
+class LocalServer:
+    """The real llama.cpp server with Gemma-3-270M, run as a child process.
+
+    ::
+
+        with LocalServer(data_dir) as server:
+            client = OpenAI(base_url=server.base_url, api_key="none")
+
+    ``port=0`` picks a free port. ``ctx_size`` is the context shared by the
+    ``n_parallel`` slots (each gets ``ctx_size // n_parallel`` tokens).
+    ``start()`` assembles the model on first use (``ensure_model``), then
+    blocks until ``/health`` answers or ``startup_timeout`` seconds pass.
+
+    Cancellation: ``stop()`` from another thread during ``start()`` kills the
+    child, and ``start()`` then raises ``LocalServerError``. A server cannot be
+    restarted once stopped; make a new one.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        threads: int = 2,
+        n_parallel: int = 2,
+        ctx_size: int = 8192,
+        startup_timeout: float = 60.0,
+        stop_grace: float = 2.0,
+    ) -> None:
+        if not 0 <= port <= 65535:
+            raise ValueError(f"port must be in 0..65535, not {port}")
+        for name, value in (("threads", threads), ("n_parallel", n_parallel)):
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, not {value}")
+        if ctx_size < 256 * n_parallel:
+            raise ValueError(f"ctx_size must be at least 256 per slot, not {ctx_size}")
+        for name, seconds in (("startup_timeout", startup_timeout), ("stop_grace", stop_grace)):
+            if not (math.isfinite(seconds) and seconds > 0):
+                raise ValueError(f"{name} must be a positive number of seconds, not {seconds}")
+        self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+        self.host = host
+        self.port = port
+        self.threads = threads
+        self.n_parallel = n_parallel
+        self.ctx_size = ctx_size
+        self.startup_timeout = startup_timeout
+        self.stop_grace = stop_grace
+        self.model = MODEL_NAME
+        # Guards _state and _proc; never held while waiting on the child, so
+        # stop() can interrupt a start() that is waiting for /health.
+        self._lock = threading.Lock()
+        # Serialises the kill-and-reap so two stop() calls never signal a
+        # process group whose leader the other one already reaped.
+        self._stop_lock = threading.Lock()
+        self._state = ServerState.NEW
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._reaped = False
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL_LINES)
+        self._drain: threading.Thread | None = None
+        self._base_url: str | None = None
+
+    # -- public API ---------------------------------------------------------
+
+    @property
+    def state(self) -> ServerState:
+        """Where the server is in its lifecycle."""
+        return self._state
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI API base, ``http://HOST:PORT/v1``; valid once running."""
+        if self._base_url is None:
+            raise LocalServerError(
+                f"the local server has no address yet (state: {self._state.value})"
+            )
+        return self._base_url
+
+    @property
+    def root_url(self) -> str:
+        """``http://HOST:PORT``: where ``/health``, ``/slots`` and ``/metrics`` live."""
+        return self.base_url.removesuffix("/v1")
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id (also its process group id), once spawned."""
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self) -> LocalServer:
+        """Assemble the model if needed, spawn the child and wait for ``/health``.
+
+        Raises ``LocalUnavailable`` without the extra, ``LocalServerError``
+        when the child dies, times out or is stopped meanwhile (the child is
+        reaped before the error is raised), and ``RuntimeError`` when called
+        in any state but NEW.
+        """
+        with self._lock:
+            if self._state is not ServerState.NEW:
+                raise RuntimeError(
+                    f"Cannot start a LocalServer in state {self._state.value!r}; "
+                    "a server starts once, make a new one."
+                )
+            if not is_available():
+                raise LocalUnavailable()
+            self._state = ServerState.STARTING
+        deadline = time.monotonic() + self.startup_timeout
+        try:
+            model = ensure_model(self.data_dir)
+            with self._lock:
+                if self._state is not ServerState.STARTING:
+                    raise LocalServerError("the local server was stopped while starting")
+                proc = self._spawn(model)
+                atexit.register(self.stop)
+            # This thread owns the child's stdout: it reads the one line there
+            # is and closes it, also when stop() runs meanwhile (fact 3).
+            assert proc.stdout is not None
+            with proc.stdout:
+                address = self._read_address(proc, proc.stdout.fileno(), deadline)
+            self._wait_healthy(proc, address, deadline)
+        except BaseException:
+            self.stop()
+            raise
+        with self._lock:
+            if self._state is not ServerState.STARTING:
+                raise LocalServerError("the local server was stopped while starting")
+            self._base_url = address + "/v1"
+            self._state = ServerState.RUNNING
+        return self
+
+    def stop(self) -> None:
+        """Kill the child's process group and reap it; idempotent, any thread.
+
+        Closes the child's stdin (it exits by itself on EOF), sends SIGTERM to
+        its group, SIGKILL after ``stop_grace`` seconds, and waits for it. If
+        the server was already stopped this does nothing.
+        """
+        with self._lock:
+            self._state = ServerState.STOPPED
+        with self._stop_lock:
+            proc = self._proc
+            if proc is None or self._reaped:
+                return
+            self._reaped = True
+            atexit.unregister(self.stop)
+            _kill_and_reap(proc, self.stop_grace)
+            if self._drain is not None:
+                # It closes stderr itself at EOF, which comes once every
+                # holder of the pipe is gone.
+                self._drain.join(timeout=self.stop_grace)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Block until the child exits by itself; its exit status, or None on timeout.
+
+        For a host that wants to notice the server dying (``wirecut local``
+        does). Interruptible by signal handlers that raise.
+        """
+        proc = self._proc
+        if proc is None:
+            raise RuntimeError(f"no server process to wait for (state: {self._state.value})")
+        if self._reaped:
+            return proc.returncode
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stderr_tail(self) -> str:
+        """The last lines the child wrote to stderr (llama.cpp's log)."""
+        return "".join(list(self._stderr_tail))
+
+    def __enter__(self) -> LocalServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        where = self._base_url or f"{self.host}:{self.port}"
+        return f"<LocalServer {self._state.value} {where} ({self.model})>"
+
+    # -- start ---------------------------------------------------------------
+
+    def _spawn(self, model: Path) -> subprocess.Popen[bytes]:
+        argv = [
+            sys.executable,
+            "-m",
+            "wirecut.local._child",
+            "--model",
+            str(model),
+            "--alias",
+            self.model,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--threads",
+            str(self.threads),
+            "--n-parallel",
+            str(self.n_parallel),
+            "--ctx-size",
+            str(self.ctx_size),
+        ]
+        # PR_SET_PDEATHSIG fires when the *thread* that forked the child ends:
+        # ask for it only from the main thread, whose end is the process's.
+        if threading.current_thread() is threading.main_thread():
+            argv += ["--pdeathsig-parent", str(os.getpid())]
+        env = dict(os.environ)
+        # The child must import this very wirecut, installed or not.
+        package_root = str(Path(wirecut.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                # Its own group: a terminal's Ctrl+C reaches only us, and
+                # stop() can kill the child and anything it started at once.
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise LocalServerError(f"cannot start the llama.cpp server child: {exc}") from exc
+        self._proc = proc
+        assert proc.stderr is not None
+        self._drain = threading.Thread(
+            target=_drain_lines,
+            args=(proc.stderr, self._stderr_tail),
+            name=f"wirecut-local-stderr-{proc.pid}",
+            daemon=True,
+        )
+        self._drain.start()
+        return proc
+
+    def _read_address(self, proc: subprocess.Popen[bytes], fd: int, deadline: float) -> str:
+        buffer = b""
+        while b"\n" not in buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                limit = self.startup_timeout
+                raise self._error(proc, f"llama.cpp did not listen within {limit:g} s")
+            readable, _, _ = select.select([fd], [], [], remaining)
+            if not readable:
+                continue
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                message = "the llama.cpp server exited before it listened"
+                raise self._error(proc, message, exited=True)
+            buffer += chunk
+        try:
+            address = json.loads(buffer.split(b"\n", 1)[0])["address"]
+            port = int(str(address).rsplit(":", 1)[1])
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            message = f"unexpected first line from the server child: {buffer!r}"
+            raise self._error(proc, message) from exc
+        return f"http://{_connect_host(self.host)}:{port}"
+
+    def _wait_healthy(self, proc: subprocess.Popen[bytes], address: str, deadline: float) -> None:
+        host, port = address.removeprefix("http://").rsplit(":", 1)
+        host = host.strip("[]")
+        while True:
+            if self._state is not ServerState.STARTING:
+                raise LocalServerError("the local server was stopped while starting")
+            if proc.poll() is not None:
+                raise self._error(proc, "the llama.cpp server exited before /health answered")
+            if _health_ok(host, int(port), timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
+                return
+            if time.monotonic() >= deadline:
+                raise self._error(
+                    proc, f"llama.cpp /health did not answer within {self.startup_timeout:g} s"
+                )
+            # /health is an HTTP poll: no event to wait on.
+            time.sleep(_HEALTH_POLL_S)
+
+    def _error(
+        self, proc: subprocess.Popen[bytes], message: str, *, exited: bool = False
+    ) -> LocalServerError:
+        """A start failure, with the child's status and stderr tail when it has exited.
+
+        ``exited``: its stdout reached EOF, so it is exiting; wait (bounded) for
+        its status rather than report a process that is merely still dying.
+        """
+        if self._state is ServerState.STOPPED:
+            message = "the local server was stopped while starting"
+        try:
+            returncode = proc.wait(self.stop_grace) if exited else proc.poll()
+        except subprocess.TimeoutExpired:
+            returncode = None
+        if returncode is not None and self._drain is not None:
+            # Let the drain catch up with the child's last words.
+            self._drain.join(timeout=1.0)
+        return LocalServerError(message, stderr_tail=self.stderr_tail(), returncode=returncode)
+
+
+def _connect_host(host: str) -> str:
+    """Where to connect for a server bound to ``host`` (a wildcard means loopback)."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def _health_ok(host: str, port: int, *, timeout: float) -> bool:
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", "/health")
+        response = conn.getresponse()
+        response.read()
+        # 503 while the model loads; 200 once it serves.
+        return response.status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+
+
+def _drain_lines(stream: IO[bytes], tail: collections.deque[str]) -> None:
+    # Reading continuously keeps the child from blocking on a full pipe;
+    # the bounded deque keeps only what an error message needs.
+    with stream, contextlib.suppress(OSError, ValueError):
+        for line in stream:
+            tail.append(line.decode("utf-8", "replace"))
+
+
+def _kill_and_reap(proc: subprocess.Popen[bytes], grace: float) -> None:
+    """Stop the child's process group and reap the child (DESIGN.md fact 8)."""
+    if proc.stdin is not None:
+        # EOF on stdin: the child exits by itself (see _child.py).
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+    if proc.returncode is None:
+        _signal_group(proc.pid, signal.SIGTERM)
+        _wait_exited_unreaped(proc.pid, grace)
+        # The unreaped leader keeps its group id from being reused, so this
+        # SIGKILL cannot hit a stranger; it catches a child ignoring SIGTERM
+        # and anything left in its group.
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _signal_group(pgid: int, signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def _wait_exited_unreaped(pid: int, timeout: float) -> None:
+    """Wait up to ``timeout`` s for ``pid`` to exit, leaving it unreaped."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is not None:
+        try:
+            pidfd = pidfd_open(pid)
+        except OSError:
+            pidfd = -1
+        if pidfd >= 0:
+            try:
+                # A pidfd becomes readable when the process exits.
+                select.select([pidfd], [], [], timeout)
+            finally:
+                os.close(pidfd)
+            return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is not None:
+            return
+        time.sleep(0.01)  # no pidfd on this platform: poll

@@ -1,0 +1,430 @@
+"""The embedded real llama.cpp (``wirecut.local``, ``wirecut local``).
+
+Needs the extra ``local``; the tests that run llama.cpp skip cleanly without
+it. One ``LocalServer`` serves the whole file (module fixture). The CLI tests
+come first on purpose: a module fixture starts at its first use, so the
+``wirecut local`` subprocess never runs beside the fixture's server (the test
+machines have two cores).
+
+The chat requests go through ``open_chat()``, a raw-socket HTTP client whose
+``cut()`` is ``shutdown(SHUT_RDWR)`` from another thread (DESIGN.md fact 1);
+it is the one piece to swap for ``wirecut.provider`` under an
+``InterruptScope`` once that exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import types
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from click.testing import CliRunner
+
+import wirecut.local
+from wirecut.cli import main
+from wirecut.local import (
+    MODEL_NAME,
+    LocalServer,
+    LocalServerError,
+    ServerState,
+    ensure_model,
+    is_available,
+    model_path,
+)
+
+pytestmark = pytest.mark.local
+
+needs_extra = pytest.mark.skipif(not is_available(), reason="the extra `local` is not installed")
+
+MAX_TOKENS = 2000
+# llama.cpp restarts its 1 s wait for a closed non-streaming request on every
+# result, /slots and /metrics answers included: keep our polls further apart.
+MONITOR_SPACING_S = 1.5
+RELEASE_BOUND_S = 10.0
+
+
+# -- helpers ------------------------------------------------------------------
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs; a zombie counts as dead (DESIGN.md fact 8)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _children_of(pid: int) -> list[int]:
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[1]) == pid:
+            children.append(int(entry.name))
+    return children
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.status, response.read()
+
+
+class Monitor:
+    """Reads ``/slots`` and ``/metrics``, never more often than every 1.5 s."""
+
+    def __init__(self, root_url: str) -> None:
+        self.root_url = root_url
+        self._last = -MONITOR_SPACING_S
+
+    def _pace(self) -> None:
+        # Pacing, not waiting for an outcome: see MONITOR_SPACING_S.
+        delay = self._last + MONITOR_SPACING_S - time.monotonic()
+        if delay > 0:
+            threading.Event().wait(delay)
+        self._last = time.monotonic()
+
+    def slots(self) -> list[dict[str, Any]]:
+        self._pace()
+        slots: list[dict[str, Any]] = json.loads(_get(self.root_url + "/slots")[1])
+        return slots
+
+    def tokens_predicted(self) -> int:
+        self._pace()
+        text = _get(self.root_url + "/metrics")[1].decode()
+        match = re.search(r"^llamacpp:tokens_predicted_total (\S+)$", text, re.MULTILINE)
+        assert match is not None, text
+        return int(float(match.group(1)))
+
+    def wait_all_released(self, bound: float = RELEASE_BOUND_S) -> float:
+        """Poll /slots until no slot processes; the seconds it took."""
+        start = time.monotonic()
+        while True:
+            busy = [slot["id"] for slot in self.slots() if slot["is_processing"]]
+            if not busy:
+                return time.monotonic() - start
+            assert time.monotonic() - start < bound, f"slots {busy} still busy after {bound} s"
+
+
+def n_decoded(slot: dict[str, Any]) -> int:
+    next_token = slot.get("next_token") or [{}]
+    if isinstance(next_token, dict):
+        next_token = [next_token]
+    return int(next_token[0].get("n_decoded", 0))
+
+
+class ChatCall:
+    """One chat completion in flight over a raw socket.
+
+    A reader thread owns the socket: it reads until EOF and then closes it
+    (DESIGN.md fact 3). ``cut()`` only shuts it down, from any other thread.
+    """
+
+    def __init__(self, base_url: str, body: dict[str, Any]) -> None:
+        url = urlsplit(base_url)
+        assert url.hostname is not None
+        assert url.port is not None
+        payload = json.dumps(body).encode()
+        head = (
+            f"POST {url.path}/chat/completions HTTP/1.1\r\n"
+            f"Host: {url.hostname}:{url.port}\r\n"
+            "Content-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n"
+            "Connection: close\r\n\r\n"
+        )
+        self._sock = socket.create_connection((url.hostname, url.port), timeout=10)
+        # A bound on every recv, so a broken test cannot hang a reader forever.
+        self._sock.settimeout(120)
+        self._sock.sendall(head.encode() + payload)
+        self._cond = threading.Condition()
+        self.received = b""
+        self.done = False
+        self._reader = threading.Thread(target=self._read, name="chat-reader", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                data = self._sock.recv(65536)
+                if not data:
+                    break
+                with self._cond:
+                    self.received += data
+                    self._cond.notify_all()
+        except OSError:
+            pass
+        finally:
+            self._sock.close()
+            with self._cond:
+                self.done = True
+                self._cond.notify_all()
+
+    @property
+    def content_chunks(self) -> int:
+        """Streamed deltas that carry text (SSE events with a content field)."""
+        return self.received.count(b'"content":"')
+
+    def wait_for_chunks(self, count: int, timeout: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self.content_chunks >= count or self.done, timeout)
+
+    def cut(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed by its reader: the response had ended
+
+    def join(self, timeout: float = 5.0) -> None:
+        self._reader.join(timeout)
+        assert not self._reader.is_alive(), "the reader did not wake after the cut"
+
+
+def open_chat(base_url: str, *, stream: bool) -> ChatCall:
+    """Start a long chat completion; the client part of these tests."""
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "Count from one to ten thousand."}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,  # a base model may stop early otherwise
+        "stream": stream,
+    }
+    return ChatCall(base_url, body)
+
+
+# -- without a server ---------------------------------------------------------
+
+
+def test_exports_are_sorted_and_complete() -> None:
+    public = {
+        name
+        for name, value in vars(wirecut.local).items()
+        if not name.startswith("_")
+        and not isinstance(value, types.ModuleType)
+        and name != "annotations"
+    }
+
+    # ruff's RUF022 order: CONSTANTS, then Classes, then functions.
+    def kind(name: str) -> int:
+        return 0 if name.isupper() else 1 if name[0].isupper() else 2
+
+    names = wirecut.local.__all__
+    assert names == sorted(names, key=lambda name: (kind(name), name))
+    assert public == set(wirecut.local.__all__)
+
+
+def test_local_help_names_the_options() -> None:
+    result = CliRunner().invoke(main, ["local", "--help"])
+    assert result.exit_code == 0
+    for option in ("--host", "--port", "--data-dir"):
+        assert option in result.output
+
+
+def test_local_without_the_extra_exits_2_saying_how_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(wirecut.local, "is_available", lambda: False)
+    result = CliRunner().invoke(main, ["local"])
+    assert result.exit_code == 2
+    assert "pip install 'wirecut[local]'" in result.stderr
+    assert result.stdout == ""
+
+
+def test_server_refuses_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="port"):
+        LocalServer(tmp_path, port=70000)
+    with pytest.raises(ValueError, match="startup_timeout"):
+        LocalServer(tmp_path, startup_timeout=float("nan"))
+
+
+def test_data_dir_comes_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from wirecut._paths import default_data_dir
+
+    monkeypatch.setenv("WIRECUT_DATA_DIR", str(tmp_path))
+    assert default_data_dir() == tmp_path
+    monkeypatch.delenv("WIRECUT_DATA_DIR")
+    assert default_data_dir().name == "wirecut"
+
+
+@needs_extra
+def test_ensure_model_reuses_a_checked_file_and_replaces_a_bad_one(tmp_path: Path) -> None:
+    path = ensure_model(tmp_path)
+    assert path == model_path(tmp_path)
+    first = path.stat()
+    sidecar = json.loads(path.with_name(path.name + ".json").read_text())
+    assert sidecar["size"] == first.st_size
+
+    assert ensure_model(tmp_path).stat().st_ino == first.st_ino  # cached
+
+    with path.open("r+b") as fh:  # an interrupted copy, say
+        fh.truncate(first.st_size // 2)
+    assert ensure_model(tmp_path).stat().st_size == first.st_size
+    assert [p.name for p in path.parent.iterdir() if p.name.endswith(".part")] == []
+
+
+# -- the CLI (before the module server starts: see the module docstring) ------
+
+
+@pytest.fixture(scope="module")
+def data_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data dir kept across runs in the pytest cache, so the model is assembled once."""
+    cache = getattr(request.config, "cache", None)
+    if cache is not None:
+        return Path(cache.mkdir("wirecut-local-data"))
+    return tmp_path_factory.mktemp("wirecut-local-data")
+
+
+def _read_line(stream: Any, timeout: float) -> str:
+    fd = stream.fileno()
+    deadline = time.monotonic() + timeout
+    buffer = b""
+    while b"\n" not in buffer:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"no line within {timeout} s (got {buffer!r})"
+        readable, _, _ = select.select([fd], [], [], remaining)
+        if readable:
+            chunk = os.read(fd, 4096)
+            assert chunk, f"EOF before a full line (got {buffer!r})"
+            buffer += chunk
+    return buffer.decode()
+
+
+@needs_extra
+@pytest.mark.timeout(90)
+def test_cli_serves_until_sigterm_then_exits_0_and_reaps_llama_cpp(data_dir: Path) -> None:
+    argv = [sys.executable, "-m", "wirecut", "local", "--data-dir", str(data_dir)]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        try:
+            line = _read_line(proc.stdout, timeout=60)
+            match = re.fullmatch(r"wirecut local: (http://127\.0\.0\.1:(\d+)/v1) \((.+)\)\n", line)
+            assert match is not None, line
+            assert match.group(3) == MODEL_NAME
+            root = match.group(1).removesuffix("/v1")
+            assert _get(root + "/health") == (200, b'{"status":"ok"}')
+            children = _children_of(proc.pid)
+            assert len(children) == 1, children
+
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=15) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.stderr is not None
+        assert "base* model" in proc.stderr.read().decode()
+    assert not any(_alive(pid) for pid in children)
+
+
+@needs_extra
+def test_start_timeout_raises_and_reaps_the_child(data_dir: Path) -> None:
+    local = LocalServer(data_dir, startup_timeout=0.5)
+    with pytest.raises(LocalServerError, match=r"within 0\.5 s"):
+        local.start()
+    assert local.state is ServerState.STOPPED
+    assert local.pid is not None
+    assert not _alive(local.pid)
+    with pytest.raises(RuntimeError, match="state 'stopped'"):
+        local.start()
+
+
+# -- the embedded server ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(data_dir: Path) -> Iterator[LocalServer]:
+    if not is_available():
+        pytest.skip("the extra `local` is not installed")
+    local = LocalServer(data_dir)
+    with local:
+        pid = local.pid
+        yield local
+    assert pid is not None
+    assert local.state is ServerState.STOPPED
+    assert not _alive(pid), "the llama.cpp child survived stop()"
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)  # nothing is left in its process group either
+
+
+@pytest.fixture(scope="module")
+def monitor(server: LocalServer) -> Monitor:
+    return Monitor(server.root_url)
+
+
+def test_server_answers_health_and_lists_its_model(server: LocalServer) -> None:
+    assert server.state is ServerState.RUNNING
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/v1", server.base_url)
+    assert _get(server.root_url + "/health")[0] == 200
+    models = json.loads(_get(server.base_url + "/models")[1])
+    assert [m["id"] for m in models["data"]] == [MODEL_NAME]
+
+
+def test_server_applies_the_gemma_chat_template(server: LocalServer) -> None:
+    request = urllib.request.Request(
+        server.root_url + "/apply-template",
+        data=json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        prompt = json.loads(response.read())["prompt"]
+    assert prompt == "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
+
+
+@pytest.mark.timeout(60)
+def test_uncut_requests_keep_both_slots_decoding(server: LocalServer, monitor: Monitor) -> None:
+    """The control: without a cut llama.cpp holds the slots, so the next test can fail."""
+    plain = open_chat(server.base_url, stream=False)
+    streamed = open_chat(server.base_url, stream=True)
+    try:
+        # The stream's tokens are the clock: ~2 s of decoding at ~30 tok/s a slot.
+        assert streamed.wait_for_chunks(60, timeout=30)
+        slots = monitor.slots()
+        assert [slot["is_processing"] for slot in slots] == [True, True]
+        assert all(n_decoded(slot) >= 40 for slot in slots), slots
+        assert not plain.done
+    finally:
+        plain.cut()
+        streamed.cut()
+        plain.join()
+        streamed.join()
+        monitor.wait_all_released()
+
+
+@pytest.mark.timeout(60)
+def test_cut_requests_free_both_slots_and_stop_decoding(
+    server: LocalServer, monitor: Monitor
+) -> None:
+    before = monitor.tokens_predicted()
+    plain = open_chat(server.base_url, stream=False)
+    streamed = open_chat(server.base_url, stream=True)
+    try:
+        assert streamed.wait_for_chunks(20, timeout=30), "the stream never got going"
+        assert not plain.done
+        assert not streamed.done
+    finally:
+        plain.cut()
+        streamed.cut()
+    plain.join()
+    streamed.join()
+
+    monitor.wait_all_released()
+    predicted = monitor.tokens_predicted() - before
+    assert 20 <= predicted < MAX_TOKENS // 4, predicted
