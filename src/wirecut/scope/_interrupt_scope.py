@@ -482,10 +482,13 @@ class InterruptScope:
         finally:
             self._unregister(reg)
 
-    def spawn(self, fn: Callable[..., T], /, *args: Any, name: str | None = None) -> Future[T]:
-        """Start ``fn(*args)`` on a new thread owned by this scope, with it bound there.
+    def spawn(
+        self, fn: Callable[..., T], /, *args: Any, name: str | None = None, **kwargs: Any
+    ) -> Future[T]:
+        """Start ``fn(*args, **kwargs)`` on a new thread owned by this scope, with it bound there.
 
         Returns a ``concurrent.futures.Future`` for its result or exception.
+        ``name`` names the thread (and so cannot be passed on to ``fn``).
 
         Cancellation: on a cancelled scope, raises ``Interrupted`` and starts
         nothing. Otherwise the thread runs until ``fn`` returns; it sees the
@@ -497,7 +500,7 @@ class InterruptScope:
 
         def main() -> None:
             try:
-                future.set_result(self._run_registered(reg, fn, *args))
+                future.set_result(self._run_registered(reg, fn, *args, **kwargs))
             except BaseException as exc:  # Interrupted included: the future carries it.
                 future.set_exception(exc)
 
