@@ -1,0 +1,291 @@
+"""``ChatClient``: one OpenAI-compatible ``/chat/completions`` endpoint, cuttable.
+
+Works with llama.cpp server, vLLM, Ollama and hosted APIs. Requests go through
+``wirecut.http``, so a cancel of the bound scope shuts the socket down: the
+worker wakes at once and the provider sees the close and frees its slot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import enum
+import json
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+import wirecut.http
+import wirecut.scope as ws
+from wirecut.provider._accumulator import ChatAccumulator
+from wirecut.provider._errors import (
+    ProviderConnectionError,
+    ProviderResponseError,
+    ProviderStatusError,
+    map_http_errors,
+)
+from wirecut.provider._result import ChatResult
+from wirecut.provider._sse import iter_sse
+from wirecut.scope import Interrupted
+
+__all__ = ["ChatClient", "ClientState"]
+
+#: The longest ``Retry-After`` we honour, in seconds.
+MAX_RETRY_AFTER = 30.0
+#: Backoff before retry n (0-based) when the provider gave no Retry-After.
+BACKOFF_BASE = 0.5
+BACKOFF_MAX = 8.0
+
+
+class ClientState(enum.Enum):
+    OPEN = "open"  # chat() may be called
+    CLOSED = "closed"  # close() was called; chat() raises
+
+
+class _Attempt:
+    """What one HTTP attempt got to; set by the trace hook and the reader."""
+
+    __slots__ = ("response_started", "sent")
+
+    def __init__(self) -> None:
+        self.sent = False  # the request headers went out: the provider may have it
+        self.response_started = False  # response headers arrived
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        # httpcore's trace extension; any HTTP version.
+        if event.endswith(".send_request_headers.started"):
+            self.sent = True
+
+
+class ChatClient:
+    """A chat-completions client for one provider, safe to share between threads.
+
+    ``chat()`` runs in the calling thread and obeys the scope bound there
+    (``wirecut.scope.bind_scope``); with none bound it is a plain client.
+    ``http_client``, if given, is used as is and not closed by ``close()``;
+    it should be a ``wirecut.http.client()`` for the requests to be cuttable.
+    ``wire_stream=False`` makes every request a real non-streaming one (the
+    default streams on the wire, see ``chat``).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        model: str | None = None,
+        timeout: float = 120.0,
+        connect_timeout: float = 5.0,
+        max_retries: int = 2,
+        http_client: httpx.Client | None = None,
+        wire_stream: bool = True,
+    ) -> None:
+        for name, value in (("timeout", timeout), ("connect_timeout", connect_timeout)):
+            if math.isnan(value) or value <= 0:
+                raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, not {max_retries!r}")
+        self.base_url = base_url.rstrip("/")
+        self.url = f"{self.base_url}/chat/completions"
+        self.model = model
+        self.max_retries = max_retries
+        self.wire_stream = wire_stream
+        self._headers = {"Accept": "application/json, text/event-stream"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
+        self._owns_http = http_client is None
+        self._http = http_client or wirecut.http.client(
+            timeout=self._timeout, connect_timeout=connect_timeout
+        )
+        # Guards the state only; chat() runs without it.
+        self._lock = threading.Lock()
+        self._state = ClientState.OPEN
+
+    @property
+    def state(self) -> ClientState:
+        return self._state
+
+    def close(self) -> None:
+        """Close the HTTP client if this client made it. Safe to call more than once."""
+        with self._lock:
+            if self._state is ClientState.CLOSED:
+                return
+            self._state = ClientState.CLOSED
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> ChatClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        stream: bool = True,
+        on_token: Callable[[str], None] | None = None,
+        **params: Any,
+    ) -> ChatResult:
+        """Send one chat request and return the whole answer.
+
+        ``stream=True`` passes each content delta to ``on_token`` as it
+        arrives; ``stream=False`` does not. Either way the request streams on
+        the wire (``stream: true`` with ``include_usage``): a provider notices
+        a closed peer at its next write, so a cut frees its slot at the next
+        token. ``wire_stream=False`` in ``params`` (or the constructor) sends a
+        real non-streaming request instead. Other ``params`` (``temperature``,
+        ``max_tokens``, ``model`` ...) go into the request body.
+
+        Connection errors, 429 and 5xx are retried up to ``max_retries``
+        times, after ``Retry-After`` (capped at 30 s) or a backoff, but never
+        once a response body started, and never after a cut.
+
+        Cancellation: if the bound scope is cancelled before the request was
+        sent (at entry, while connecting, during a retry backoff) ``chat()``
+        raises ``Interrupted``. Once it was sent, a cut ends the request at
+        once and ``chat()`` returns a ``ChatResult`` with ``interrupted=True``,
+        the scope's reason, and the text, tool-call fragments and usage
+        received so far (estimated from the deltas if the provider sent none).
+
+        Raises ``ProviderError`` subclasses (see ``_errors``) and ``Interrupted``.
+        """
+        if self._state is ClientState.CLOSED:
+            raise RuntimeError("Cannot send a request, as the ChatClient has been closed.")
+        wire_stream = bool(params.pop("wire_stream", self.wire_stream))
+        body: dict[str, Any] = {"messages": messages, **params}
+        if body.get("model") is None:
+            body.pop("model", None)
+            if self.model is not None:
+                body["model"] = self.model
+        if tools:
+            body["tools"] = tools
+        if wire_stream:
+            body["stream"] = True
+            body["stream_options"] = {**(params.get("stream_options") or {}), "include_usage": True}
+        else:
+            body["stream"] = False
+            body.pop("stream_options", None)
+        sink = on_token if stream else None
+
+        requests = 0
+        for attempt in range(self.max_retries + 1):
+            ws.check()
+            state = _Attempt()
+            accumulator = ChatAccumulator(sink)
+            try:
+                self._send(body, wire_stream, state, accumulator)
+            except Interrupted as exc:
+                if not state.sent:
+                    raise  # Nothing was asked of the provider: nothing to keep.
+                return accumulator.result(requests + 1, interrupted=True, reason=exc.reason)
+            except ProviderConnectionError:
+                requests += state.sent
+                if state.response_started or attempt == self.max_retries:
+                    raise
+                delay = _backoff(attempt)
+            except ProviderStatusError as exc:
+                requests += 1
+                if not exc.retryable or attempt == self.max_retries:
+                    raise
+                delay = _backoff(attempt) if exc.retry_after is None else exc.retry_after
+            else:
+                return accumulator.result(requests + 1)
+            ws.sleep(delay)  # A cut wakes it with Interrupted: no retry after a cut.
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _send(
+        self, body: dict[str, Any], wire_stream: bool, state: _Attempt, acc: ChatAccumulator
+    ) -> None:
+        request = self._http.build_request(
+            "POST",
+            self.url,
+            json=body,
+            headers=self._headers,
+            timeout=self._timeout,
+            extensions={"trace": state.trace},
+        )
+        with map_http_errors(self.url):
+            response = self._http.send(request, stream=True)
+            try:
+                state.response_started = True
+                if response.status_code >= 400:
+                    raise _status_error(response, self.url)
+                content_type = response.headers.get("content-type", "")
+                if wire_stream and "text/event-stream" in content_type:
+                    _read_stream(response, acc)
+                else:
+                    # Also a server that ignored ``stream: true``.
+                    acc.add_response(_json(response.read().decode("utf-8", "replace")))
+            finally:
+                response.close()
+
+
+def _read_stream(response: httpx.Response, acc: ChatAccumulator) -> None:
+    events = iter_sse(response.iter_lines())
+    for event in events:
+        if event.data.strip() == "[DONE]":
+            break
+        if event.event == "error":
+            raise ProviderResponseError(f"the provider sent an error event: {event.data:.200}")
+        acc.add_chunk(_json(event.data))
+    else:
+        if acc.finish_reason is None:
+            raise ProviderResponseError("the event stream ended before [DONE] or a finish_reason")
+        return
+    # Read to the end of the body (the chunked terminator) so that the
+    # connection can be reused; whatever a server sends after [DONE] is not
+    # part of the answer, and an error there costs a connection, not the answer.
+    with contextlib.suppress(httpx.HTTPError):
+        for _ in events:
+            pass
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ProviderResponseError(f"not JSON: {text[:200]!r}") from exc
+
+
+def _status_error(response: httpx.Response, url: str) -> ProviderStatusError:
+    # Read a bounded excerpt: an error page can be large, and we keep 200 chars.
+    raw = b""
+    for chunk in response.iter_bytes():
+        raw += chunk
+        if len(raw) >= 4096:
+            break
+    return ProviderStatusError(
+        response.status_code,
+        raw.decode("utf-8", "replace"),
+        url=url,
+        retry_after=_retry_after(response.headers.get("retry-after")),
+    )
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (seconds or an HTTP date), capped."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        seconds = when.timestamp() - time.time()
+    if math.isnan(seconds):
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
+
+
+def _backoff(attempt: int) -> float:
+    return float(min(BACKOFF_BASE * 2**attempt, BACKOFF_MAX))

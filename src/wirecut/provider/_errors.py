@@ -1,0 +1,113 @@
+"""The exceptions of the provider layer.
+
+The tree::
+
+    Exception
+    └── ProviderError                 anything the provider or the way to it did wrong
+        ├── ProviderConnectionError   could not connect, or the connection broke
+        │                             (the message names the URL)
+        ├── ProviderStatusError       an HTTP error status: ``status_code``, ``body``
+        │                             (an excerpt) and ``retry_after``
+        ├── ProviderResponseError     a response we cannot read: not JSON, malformed
+        │                             SSE, an error event in the stream
+        └── ProviderTimeout           connect, read or write took longer than the timeout
+
+    BaseException
+    └── wirecut.scope.Interrupted     the bound scope was cancelled; passes through
+                                      untouched (``chat()`` returns a partial result
+                                      instead once the request was sent)
+
+httpx errors are translated in one place, ``map_http_errors``, with
+``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import httpx
+
+from wirecut.scope import Interrupted, current_scope
+
+__all__ = [
+    "ProviderConnectionError",
+    "ProviderError",
+    "ProviderResponseError",
+    "ProviderStatusError",
+    "ProviderTimeout",
+    "map_http_errors",
+]
+
+#: How much of an error body a ``ProviderStatusError`` keeps.
+BODY_EXCERPT_CHARS = 200
+
+
+class ProviderError(Exception):
+    """The provider, or the way to it, failed; see the subclasses."""
+
+
+class ProviderConnectionError(ProviderError):
+    """Could not connect to the provider at ``url``, or the connection broke."""
+
+    def __init__(self, message: str, *, url: str) -> None:
+        super().__init__(message)
+        self.url = url
+
+
+class ProviderStatusError(ProviderError):
+    """The provider answered with an HTTP error status.
+
+    ``body`` is an excerpt of the response body (the first
+    ``BODY_EXCERPT_CHARS`` characters); ``retry_after`` the seconds the
+    provider asked us to wait, if it said.
+    """
+
+    def __init__(
+        self, status_code: int, body: str, *, url: str, retry_after: float | None = None
+    ) -> None:
+        excerpt = body[:BODY_EXCERPT_CHARS]
+        super().__init__(f"{url} answered HTTP {status_code}: {excerpt!r}")
+        self.status_code = status_code
+        self.body = excerpt
+        self.url = url
+        self.retry_after = retry_after
+
+    @property
+    def retryable(self) -> bool:
+        """429 and 5xx: the same request may succeed later."""
+        return self.status_code == 429 or self.status_code >= 500
+
+
+class ProviderResponseError(ProviderError):
+    """The response could not be read: not JSON, malformed SSE, or an error event."""
+
+
+class ProviderTimeout(ProviderError):
+    """Connecting, reading or writing took longer than the client's timeout."""
+
+
+@contextlib.contextmanager
+def map_http_errors(url: str) -> Iterator[None]:
+    """Translate the httpx errors raised inside the block into ``ProviderError``s.
+
+    Under a cancelled bound scope an httpx error is the cut's doing (a shut
+    down socket reads as EOF): it becomes ``Interrupted`` instead. wirecut's
+    own transport raises ``Interrupted`` itself; this covers any other
+    transport. ``Interrupted`` and ``ProviderError`` pass through.
+    """
+    try:
+        yield
+    except httpx.HTTPError as exc:
+        scope = current_scope()
+        if scope is not None and scope.cancelled:
+            raise Interrupted(scope.reason or "cancelled") from exc
+        if isinstance(exc, httpx.TimeoutException):
+            raise ProviderTimeout(f"{url}: {type(exc).__name__}: {exc}") from exc
+        if isinstance(exc, httpx.ConnectError):
+            raise ProviderConnectionError(f"cannot connect to {url}: {exc}", url=url) from exc
+        if isinstance(exc, httpx.TransportError):
+            raise ProviderConnectionError(
+                f"connection to {url} failed: {type(exc).__name__}: {exc}", url=url
+            ) from exc
+        raise ProviderError(f"{url}: {type(exc).__name__}: {exc}") from exc
