@@ -1,0 +1,140 @@
+"""The built-in tools: ``shell`` (off unless enabled), ``http_get`` and ``delegate``.
+
+Each is made by a factory, so that what it may do is the host's decision,
+not the model's: ``AIAgent(client, tools=[shell_tool(allow={"ls"}), http_get_tool()])``.
+All of them block only in places a scope cuts.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING
+
+import httpx
+
+import wirecut.http
+import wirecut.scope as ws
+from wirecut.agent._tools import Tool, ToolCallError
+from wirecut.scope import InterruptScope
+
+if TYPE_CHECKING:
+    from wirecut.agent._agent import AIAgent
+
+__all__ = ["delegate_tool", "http_get_tool", "shell_tool"]
+
+#: What a tool hands back to the model at most, in characters.
+MAX_OUTPUT = 16_000
+
+
+def shell_tool(
+    *,
+    allow: Collection[str] | None = None,
+    cwd: str | None = None,
+    timeout: float = 30.0,
+    grace: float = 1.0,
+) -> Tool:
+    """A tool that runs a program from an argv list; never a shell string.
+
+    ``allow`` limits the programs (``argv[0]``) the model may run; None allows
+    any. The program runs in its own session through the bound scope, so a
+    cut kills its whole process group (SIGTERM, SIGKILL after ``grace``).
+    """
+
+    def shell(argv: list[str], stdin: str = "") -> str:
+        """Run a program and return its exit status and output.
+
+        argv: the program and its arguments, e.g. ["ls", "-l", "/tmp"]; no shell is involved
+        stdin: text to send to the program's standard input
+        """
+        if not argv:
+            raise ToolCallError("argv must name a program")
+        if allow is not None and argv[0] not in allow:
+            raise ToolCallError(f"{argv[0]!r} is not allowed (allowed: {', '.join(sorted(allow))})")
+        scope = ws.current_scope() or InterruptScope("shell")
+        try:
+            proc = scope.popen(
+                argv,
+                cwd=cwd,
+                grace=grace,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+        except FileNotFoundError:
+            raise ToolCallError(f"no such program: {argv[0]!r}") from None
+        with proc:
+            try:
+                output, _ = proc.communicate(stdin.encode(), timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                return f"error: {argv[0]} timed out after {timeout:g} s"
+        # A cut kills the program, which ends communicate(): say why it ended.
+        scope.check()
+        text = output.decode(errors="replace")
+        return f"exit status {proc.returncode}\n{_truncate(text)}"
+
+    return Tool(shell)
+
+
+def http_get_tool(
+    *, timeout: float = 20.0, client_factory: Callable[[], httpx.Client] | None = None
+) -> Tool:
+    """A tool that fetches a URL (http or https) through ``wirecut.http``.
+
+    The request registers with the bound scope: a cut closes it at once.
+    """
+    factory = client_factory or (lambda: wirecut.http.client(timeout=timeout))
+
+    def http_get(url: str) -> str:
+        """Fetch a web page or API endpoint with GET and return its status and text.
+
+        url: an absolute http:// or https:// URL
+        """
+        if not url.startswith(("http://", "https://")):
+            raise ToolCallError("url must start with http:// or https://")
+        with factory() as client:
+            try:
+                response = client.get(url, follow_redirects=True)
+            except httpx.HTTPError as exc:
+                ws.check()  # a cut surfaces as an httpx error: report the cut
+                return f"error: {type(exc).__name__}: {exc}"
+        return f"HTTP {response.status_code}\n{_truncate(response.text)}"
+
+    return Tool(http_get)
+
+
+def delegate_tool(
+    make_agent: Callable[[], AIAgent], *, name: str = "delegate", depth: int = 1
+) -> Tool:
+    """A tool that hands a task to a child agent and returns its answer.
+
+    The child runs in the caller's thread under the bound (turn) scope, so
+    cutting the parent cuts the child. ``depth`` bounds how deep delegation
+    may nest; the child gets no ``delegate`` tool past it.
+    """
+    from wirecut.agent._agent import ConversationStatus
+
+    def delegate(task: str) -> str:
+        """Hand a self-contained task to a helper agent and return its final answer.
+
+        task: what the helper should do, with all the context it needs
+        """
+        child = make_agent()
+        if depth > 1 and name not in child.tools:
+            child.tools.add(delegate_tool(make_agent, name=name, depth=depth - 1))
+        outcome = child.run_conversation(task)
+        if outcome.status is ConversationStatus.INTERRUPTED:
+            raise ws.Interrupted(outcome.reason or "interrupted")
+        if outcome.status is not ConversationStatus.OK:
+            return f"error: the helper ended with {outcome.status}: {outcome.reason}"
+        return outcome.final_text
+
+    return Tool(delegate, name=name)
+
+
+def _truncate(text: str) -> str:
+    if len(text) <= MAX_OUTPUT:
+        return text
+    return text[:MAX_OUTPUT] + f"\n[... {len(text) - MAX_OUTPUT} more characters cut]"

@@ -1,0 +1,451 @@
+"""AIAgent against the simulator: every blocking point of a turn is cut as one unit.
+
+Each cut test runs a turn on a thread owned by a host scope, waits (with a
+bound) until the turn is blocked where the test wants it, cancels, and then
+checks the three promises: the turn returns "interrupted", the host scope's
+ledger drains to zero, and the provider recorded the close of every request
+that was in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import wirecut.scope as ws
+from wirecut.agent import (
+    AIAgent,
+    ConversationResult,
+    ConversationStatus,
+    Tool,
+    ToolCallError,
+    delegate_tool,
+    shell_tool,
+    tool,
+)
+from wirecut.provider import ChatClient
+from wirecut.scope import InterruptScope
+from wirecut.simulator import SimConfig, SimulatorServer
+
+BOUND = 10.0  # seconds: "promptly" on a shared, noisy machine
+
+Script = Callable[[dict[str, Any]], Mapping[str, Any] | None]
+
+
+def _last(request: dict[str, Any]) -> dict[str, Any]:
+    message: dict[str, Any] = request["messages"][-1]
+    return message
+
+
+def call(name: str, arguments: dict[str, Any] | str, call_id: str = "call_1") -> dict[str, Any]:
+    """A scripted assistant reply asking for one tool call."""
+    return {"tool_calls": [{"id": call_id, "function": {"name": name, "arguments": arguments}}]}
+
+
+class Provider:
+    """A simulator whose replies a test scripts, per request."""
+
+    def __init__(self) -> None:
+        self.script: Script = lambda request: None
+        config = SimConfig(slots=4, tokens_per_second=100, prompt_ms=5, endless=True)
+        self.server = SimulatorServer(config, responder=lambda request: self.script(request))
+
+    def requests_closed_by_peer(self) -> list[bool]:
+        return [summary.closed_by_peer for summary in self.server.requests()]
+
+    def wait(self, kind: str, nth: int = 1) -> None:
+        """Wait until ``nth`` events of ``kind`` were logged."""
+        seen = 0
+
+        def match(event: Any) -> bool:
+            nonlocal seen
+            seen += event.kind == kind
+            return seen >= nth
+
+        self.server.wait_for(match, timeout=BOUND)
+
+
+@pytest.fixture
+def provider() -> Iterator[Provider]:
+    p = Provider()
+    with p.server:
+        yield p
+
+
+@pytest.fixture
+def client(provider: Provider) -> Iterator[ChatClient]:
+    with ChatClient(provider.server.base_url, model="sim") as c:
+        yield c
+
+
+def run_in_host(agent: AIAgent, text: str) -> tuple[InterruptScope, Future[ConversationResult]]:
+    """Run a turn the way a host does: on a thread owned by the host's scope."""
+    host = InterruptScope("host")
+    return host, host.spawn(agent.run_conversation, text)
+
+
+def assert_cut(
+    host: InterruptScope, future: Future[ConversationResult], provider: Provider, reason: str
+) -> ConversationResult:
+    result = future.result(BOUND)
+    assert result.status is ConversationStatus.INTERRUPTED
+    assert result.reason == reason
+    assert host.wait_quiescent(BOUND), host.live()
+    assert host.live() == {"threads": 0, "sockets": 0, "processes": 0, "objects": 0}
+    # Every request still in flight at the cut is seen closed by the provider,
+    # which notices at its next token.
+    for summary in provider.server.requests():
+        if summary.finish_reason in (None, "peer_closed"):
+            provider.server.wait_for_event("peer_closed", summary.id, timeout=BOUND)
+    return result
+
+
+# -- cuts at each blocking point ---------------------------------------------------------
+
+
+def test_cut_while_the_model_streams(provider: Provider, client: ChatClient) -> None:
+    tokens: list[str] = []
+    three = threading.Event()
+
+    def on_token(text: str) -> None:
+        tokens.append(text)
+        if len(tokens) == 3:
+            three.set()
+
+    agent = AIAgent(client)
+    host = InterruptScope("host")
+    future = host.spawn(agent.run_conversation, "hello", on_token=on_token)
+    assert three.wait(BOUND)
+    host.cancel("user")
+    result = assert_cut(host, future, provider, "user")
+    assert provider.requests_closed_by_peer() == [True]
+    # What arrived before the cut is kept, in the text and in the usage.
+    assert result.final_text == "".join(tokens)
+    assert result.usage.completion_tokens == len(tokens) >= 3
+
+
+def test_cut_during_the_header_wait_of_a_non_streaming_call(provider: Provider) -> None:
+    with ChatClient(provider.server.base_url, wire_stream=False) as client:
+        agent = AIAgent(client, stream=False)
+        host, future = run_in_host(agent, "hello")
+        provider.wait("first_token")  # decoding; headers come only at the end
+        host.cancel("user")
+        assert_cut(host, future, provider, "user")
+    assert provider.requests_closed_by_peer() == [True]
+
+
+def test_cut_while_a_tool_runs_a_subprocess(
+    provider: Provider, client: ChatClient, tmp_path: Path
+) -> None:
+    fifo = tmp_path / "started"
+    os.mkfifo(fifo)
+    provider.script = lambda request: (
+        call("shell", {"argv": ["sh", "-c", f"sleep 300 & echo up > {fifo}; sleep 300"]})
+        if _last(request)["role"] == "user"
+        else None
+    )
+    agent = AIAgent(client, tools=[shell_tool()])
+    host, future = run_in_host(agent, "run it")
+    assert fifo.read_text() == "up\n"  # blocks until the program runs
+    host.cancel("user")
+    assert_cut(host, future, provider, "user")
+
+
+def test_cut_while_a_tool_sleeps_through_the_scope(provider: Provider, client: ChatClient) -> None:
+    napping = threading.Event()
+
+    def nap(seconds: float) -> str:
+        """Sleep a while."""
+        napping.set()
+        ws.sleep(seconds)
+        return "rested"
+
+    provider.script = lambda request: (
+        call("nap", {"seconds": 300}) if _last(request)["role"] == "user" else None
+    )
+    host, future = run_in_host(AIAgent(client, tools=[nap]), "rest")
+    assert napping.wait(BOUND)
+    host.cancel("user")
+    assert_cut(host, future, provider, "user")
+
+
+def test_cut_in_a_thread_the_tool_started_through_the_scope(
+    provider: Provider, client: ChatClient
+) -> None:
+    working = threading.Event()
+
+    def crunch() -> str:
+        """Work in a background thread."""
+
+        def worker() -> str:
+            working.set()
+            ws.sleep(300)
+            return "done"
+
+        scope = ws.current_scope()
+        assert scope is not None
+        return scope.spawn(worker).result()
+
+    provider.script = lambda request: (
+        call("crunch", {}) if _last(request)["role"] == "user" else None
+    )
+    host, future = run_in_host(AIAgent(client, tools=[crunch]), "go")
+    assert working.wait(BOUND)
+    host.cancel("user")
+    assert_cut(host, future, provider, "user")
+
+
+def test_cut_inside_a_delegated_child_agent(provider: Provider, client: ChatClient) -> None:
+    def script(request: dict[str, Any]) -> Mapping[str, Any] | None:
+        if _last(request)["content"] == "parent task":
+            return call("delegate", {"task": "child task"})
+        return None  # the child's request: an endless stream
+
+    provider.script = script
+    parent = AIAgent(client, tools=[delegate_tool(lambda: AIAgent(client))])
+    host, future = run_in_host(parent, "parent task")
+    provider.wait("first_token", nth=2)  # the child's stream is under way
+    host.cancel("user")
+    assert_cut(host, future, provider, "user")
+    summaries = provider.server.requests()
+    assert len(summaries) == 2
+    assert summaries[1].closed_by_peer  # the child's request was cut
+
+
+def test_parallel_tool_calls_are_all_cut(provider: Provider, client: ChatClient) -> None:
+    started = threading.Barrier(3)
+
+    def nap(seconds: float) -> str:
+        """Sleep a while."""
+        started.wait(BOUND)
+        ws.sleep(seconds)
+        return "rested"
+
+    provider.script = lambda request: (
+        {
+            "tool_calls": [
+                {"id": "a", "function": {"name": "nap", "arguments": {"seconds": 300}}},
+                {"id": "b", "function": {"name": "nap", "arguments": {"seconds": 300}}},
+            ]
+        }
+        if _last(request)["role"] == "user"
+        else None
+    )
+    host, future = run_in_host(AIAgent(client, tools=[nap]), "rest")
+    started.wait(BOUND)  # both tools run at once, in the turn's threads
+    host.cancel("user")
+    assert_cut(host, future, provider, "user")
+
+
+def test_interrupt_from_the_host_cuts_without_a_scope(
+    provider: Provider, client: ChatClient
+) -> None:
+    agent = AIAgent(client)
+    outcome: list[ConversationResult] = []
+    thread = threading.Thread(target=lambda: outcome.append(agent.run_conversation("hi")))
+    thread.start()
+    provider.wait("token", nth=2)
+    agent.interrupt("stop button")
+    thread.join(BOUND)
+    assert outcome[0].status is ConversationStatus.INTERRUPTED
+    assert outcome[0].reason == "stop button"
+    provider.server.wait_for_event("peer_closed", timeout=BOUND)
+
+
+# -- interrupt semantics --------------------------------------------------------------------
+
+
+def test_interrupt_before_the_turn_starts_sends_no_request(
+    provider: Provider, client: ChatClient
+) -> None:
+    agent = AIAgent(client)
+    agent.interrupt("early")
+    result = agent.run_conversation("hi")
+    assert result.status is ConversationStatus.INTERRUPTED
+    assert result.reason == "early"
+    assert provider.server.requests() == []
+    agent.clear_interrupt()
+    provider.script = lambda request: {"content": "fine"}
+    assert agent.run_conversation("hi").final_text == "fine"
+
+
+def test_cancelled_host_scope_interrupts_the_turn_on_entry(
+    provider: Provider, client: ChatClient
+) -> None:
+    host = InterruptScope("host")
+    host.cancel("disconnect")
+    with ws.bind_scope(host):
+        outcome = AIAgent(client).run_conversation("hi")
+    assert outcome.status is ConversationStatus.INTERRUPTED
+    assert outcome.reason == "disconnect"
+    assert provider.server.requests() == []
+
+
+def test_interrupt_twice_keeps_the_first_reason(provider: Provider, client: ChatClient) -> None:
+    agent = AIAgent(client)
+    host, future = run_in_host(agent, "hello")
+    provider.wait("token", nth=2)
+    agent.interrupt("first")
+    agent.interrupt("second")
+    assert_cut(host, future, provider, "first")
+    assert agent.interrupted
+
+
+# -- the tool loop ------------------------------------------------------------------------
+
+
+def test_malformed_tool_call_goes_back_to_the_model(provider: Provider, client: ChatClient) -> None:
+    seen: list[str] = []
+
+    def script(request: dict[str, Any]) -> Mapping[str, Any] | None:
+        last = _last(request)
+        if last["role"] == "user":
+            return call("add", "{not json")
+        if last["role"] == "tool" and "not valid JSON" in last["content"]:
+            seen.append(last["content"])
+            return call("add", {"a": 1, "b": "two"}, call_id="call_2")
+        if last["role"] == "tool" and "invalid arguments" in last["content"]:
+            seen.append(last["content"])
+            return call("subtract", {"a": 1}, call_id="call_3")
+        if last["role"] == "tool" and "unknown tool" in last["content"]:
+            seen.append(last["content"])
+            return call("add", {"a": 1, "b": 2}, call_id="call_4")
+        return {"content": f"the sum is {last['content']}"}
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two numbers."""
+        return a + b
+
+    provider.script = script
+    result = AIAgent(client, tools=[add]).run_conversation("1+2?")
+    assert result.status is ConversationStatus.OK
+    assert result.final_text == "the sum is 3"
+    assert len(seen) == 3
+    assert "b" in seen[1]  # the schema error names the field
+    assert "available: add" in seen[2]
+
+
+def test_max_iterations_is_reached(provider: Provider, client: ChatClient) -> None:
+    provider.script = lambda request: call("ping", {})
+
+    def ping() -> str:
+        """Ping."""
+        return "pong"
+
+    result = AIAgent(client, tools=[ping], max_iterations=3).run_conversation("loop")
+    assert result.status is ConversationStatus.MAX_ITERATIONS
+    assert result.iterations == 3
+    assert len(provider.server.requests()) == 3
+    assert result.usage.requests == 3
+
+
+def test_final_answer_with_history_and_system_prompt(
+    provider: Provider, client: ChatClient
+) -> None:
+    requests: list[dict[str, Any]] = []
+
+    def script(request: dict[str, Any]) -> Mapping[str, Any] | None:
+        requests.append(request)
+        return {"content": "answer"}
+
+    provider.script = script
+    history = [{"role": "user", "content": "before"}, {"role": "assistant", "content": "ok"}]
+    agent = AIAgent(client, system_prompt="be brief")
+    result = agent.run_conversation("now", history=history)
+    assert result.status is ConversationStatus.OK
+    assert [m["role"] for m in requests[0]["messages"]] == ["system", "user", "assistant", "user"]
+    assert result.messages[-1] == {"role": "assistant", "content": "answer"}
+    assert len(history) == 2  # not modified
+
+
+def test_failing_tool_is_reported_to_the_model(provider: Provider, client: ChatClient) -> None:
+    def broken() -> str:
+        """Fail."""
+        raise RuntimeError("disk on fire")
+
+    provider.script = lambda request: (
+        call("broken", {})
+        if _last(request)["role"] == "user"
+        else {"content": _last(request)["content"]}
+    )
+    result = AIAgent(client, tools=[broken]).run_conversation("try")
+    assert result.final_text == "error: broken failed: RuntimeError: disk on fire"
+
+
+def test_provider_failure_ends_the_turn_with_error() -> None:
+    with ChatClient("http://127.0.0.1:9/v1", max_retries=0) as client:
+        result = AIAgent(client).run_conversation("hi")
+    assert result.status is ConversationStatus.ERROR
+    assert result.reason is not None
+    assert "127.0.0.1:9" in result.reason
+
+
+# -- tools --------------------------------------------------------------------------------
+
+
+def test_tool_schema_is_derived_from_hints_and_docstring() -> None:
+    def search(query: str, limit: int = 5) -> list[str]:
+        """Search the notes.
+
+        query: words to look for
+        limit: how many results at most
+        """
+        return [query] * limit
+
+    t = Tool(search)
+    assert t.schema() == {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search the notes.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "description": "words to look for"},
+                    "limit": {
+                        "type": "integer",
+                        "default": 5,
+                        "description": "how many results at most",
+                    },
+                },
+                "required": ["query"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    assert json.loads(t.call('{"query": "x", "limit": 2}')) == ["x", "x"]
+
+
+def test_explicit_schema_is_validated() -> None:
+    t = Tool(
+        lambda **kw: kw["path"],
+        name="read",
+        description="Read a file.",
+        parameters={
+            "type": "object",
+            "properties": {"path": {"type": "string"}},
+            "required": ["path"],
+        },
+    )
+    assert t.call('{"path": "/etc"}') == "/etc"
+    with pytest.raises(ToolCallError, match="'path' is a required property"):
+        t.call("{}")
+    with pytest.raises(ToolCallError, match="must be a JSON object"):
+        t.call("[1]")
+
+
+def test_shell_tool_runs_argv_and_never_a_shell_line() -> None:
+    shell = shell_tool(allow={"echo"})
+    assert shell.call('{"argv": ["echo", "a; rm -rf /"]}') == "exit status 0\na; rm -rf /\n"
+    with pytest.raises(ToolCallError, match="'sh' is not allowed"):
+        shell.call('{"argv": ["sh", "-c", "echo hi"]}')
+    with pytest.raises(ToolCallError, match="argv"):
+        shell.call('{"argv": "echo hi"}')
