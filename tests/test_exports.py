@@ -1,13 +1,21 @@
 """Every public package lists its names in a complete, sorted ``__all__``."""
 
 from __future__ import annotations
+import __future__
 
 import importlib
 import types
 
 import pytest
 
-PACKAGES = ["wirecut.scope", "wirecut.simulator"]
+PACKAGES = [
+    "wirecut.agent",
+    "wirecut.http",
+    "wirecut.local",
+    "wirecut.provider",
+    "wirecut.scope",
+    "wirecut.simulator",
+]
 
 
 def _isort_key(name: str) -> tuple[int, str]:
@@ -22,7 +30,8 @@ def test_all_is_complete_and_sorted(name: str) -> None:
     public = {
         attr
         for attr, value in vars(module).items()
-        if not attr.startswith("_") and not isinstance(value, types.ModuleType)
+        if not attr.startswith("_")
+        and not isinstance(value, types.ModuleType | __future__._Feature)
     }
     assert set(module.__all__) == public
     assert list(module.__all__) == sorted(module.__all__, key=_isort_key)

@@ -6,10 +6,9 @@ come first on purpose: a module fixture starts at its first use, so the
 ``wirecut local`` subprocess never runs beside the fixture's server (the test
 machines have two cores).
 
-The chat requests go through ``open_chat()``, a raw-socket HTTP client whose
-``cut()`` is ``shutdown(SHUT_RDWR)`` from another thread (DESIGN.md fact 1);
-it is the one piece to swap for ``wirecut.provider`` under an
-``InterruptScope`` once that exists.
+The chat requests go through ``open_chat()``: ``wirecut.provider.ChatClient``
+on a thread owned by an ``InterruptScope``, cut by ``scope.cancel()``, stream
+and non-stream on the wire.
 """
 
 from __future__ import annotations
@@ -19,17 +18,15 @@ import os
 import re
 import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import types
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 from click.testing import CliRunner
@@ -45,6 +42,8 @@ from wirecut.local import (
     is_available,
     model_path,
 )
+from wirecut.provider import ChatClient, ChatResult
+from wirecut.scope import InterruptScope
 
 pytestmark = pytest.mark.local
 
@@ -132,103 +131,57 @@ def n_decoded(slot: dict[str, Any]) -> int:
 
 
 class ChatCall:
-    """One chat completion in flight over a raw socket.
+    """One chat completion in flight through ``wirecut.provider`` under its own scope.
 
-    A reader thread owns the socket: it reads until EOF and then closes it
-    (DESIGN.md fact 3). ``cut()`` only shuts it down, from any other thread.
+    The request runs on a thread owned by the scope; ``cut()`` is
+    ``scope.cancel()``, which shuts the request's socket down (DESIGN.md
+    fact 1) while the worker keeps and closes it.
     """
 
-    def __init__(self, base_url: str, body: dict[str, Any]) -> None:
-        url = urlsplit(base_url)
-        assert url.hostname is not None
-        assert url.port is not None
-        payload = json.dumps(body).encode()
-        head = (
-            f"POST {url.path}/chat/completions HTTP/1.1\r\n"
-            f"Host: {url.hostname}:{url.port}\r\n"
-            "Content-Type: application/json\r\n"
-            f"Content-Length: {len(payload)}\r\n"
-            "Connection: close\r\n\r\n"
-        )
-        self._sock = socket.create_connection((url.hostname, url.port), timeout=10)
-        # A bound on every recv, so a broken test cannot hang a reader forever.
-        self._sock.settimeout(120)
-        self._sock.sendall(head.encode() + payload)
+    def __init__(self, base_url: str, *, stream: bool) -> None:
+        self.scope = InterruptScope("local-test")
+        self._client = ChatClient(base_url, model=MODEL_NAME, wire_stream=stream)
         self._cond = threading.Condition()
-        self.received = b""
-        self.done = False
-        self._reader = threading.Thread(target=self._read, name="chat-reader", daemon=True)
-        self._reader.start()
+        self.content_chunks = 0
+        self.result: Future[ChatResult] = self.scope.spawn(
+            self._client.chat,
+            [{"role": "user", "content": "Count from one to ten thousand."}],
+            stream=stream,
+            on_token=self._on_token,
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            ignore_eos=True,  # a base model may stop early otherwise
+        )
 
-    def _read(self) -> None:
-        try:
-            while True:
-                data = self._sock.recv(65536)
-                if not data:
-                    break
-                with self._cond:
-                    self.received += data
-                    self._cond.notify_all()
-        except OSError:
-            pass
-        finally:
-            self._sock.close()
-            with self._cond:
-                self.done = True
-                self._cond.notify_all()
+    def _on_token(self, text: str) -> None:
+        with self._cond:
+            self.content_chunks += 1
+            self._cond.notify_all()
 
     @property
-    def content_chunks(self) -> int:
-        """Streamed deltas that carry text (SSE events with a content field)."""
-        return self.received.count(b'"content":"')
+    def done(self) -> bool:
+        return self.result.done()
 
     def wait_for_chunks(self, count: int, timeout: float) -> bool:
         with self._cond:
             return self._cond.wait_for(lambda: self.content_chunks >= count or self.done, timeout)
 
     def cut(self) -> None:
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass  # already closed by its reader: the response had ended
+        self.scope.cancel("test")
 
     def join(self, timeout: float = 5.0) -> None:
-        self._reader.join(timeout)
-        assert not self._reader.is_alive(), "the reader did not wake after the cut"
+        result = self.result.result(timeout)
+        assert result.interrupted, "the request ended before the cut"
+        assert self.scope.wait_quiescent(timeout), self.scope.live()
+        self._client.close()
 
 
 def open_chat(base_url: str, *, stream: bool) -> ChatCall:
     """Start a long chat completion; the client part of these tests."""
-    body = {
-        "model": MODEL_NAME,
-        "messages": [{"role": "user", "content": "Count from one to ten thousand."}],
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0,
-        "ignore_eos": True,  # a base model may stop early otherwise
-        "stream": stream,
-    }
-    return ChatCall(base_url, body)
+    return ChatCall(base_url, stream=stream)
 
 
 # -- without a server ---------------------------------------------------------
-
-
-def test_exports_are_sorted_and_complete() -> None:
-    public = {
-        name
-        for name, value in vars(wirecut.local).items()
-        if not name.startswith("_")
-        and not isinstance(value, types.ModuleType)
-        and name != "annotations"
-    }
-
-    # ruff's RUF022 order: CONSTANTS, then Classes, then functions.
-    def kind(name: str) -> int:
-        return 0 if name.isupper() else 1 if name[0].isupper() else 2
-
-    names = wirecut.local.__all__
-    assert names == sorted(names, key=lambda name: (kind(name), name))
-    assert public == set(wirecut.local.__all__)
 
 
 def test_local_help_names_the_options() -> None:

@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import time
-import types
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -21,7 +20,6 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-import wirecut.simulator
 from wirecut.cli import main
 from wirecut.simulator import (
     EventKind,
@@ -473,17 +471,6 @@ def test_server_that_cannot_listen_says_so(make_sim: Callable[..., SimulatorServ
 def test_sim_config_rejects_bad_values(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=next(iter(bad))):
         SimConfig(**bad)
-
-
-def test_exports_are_complete_and_sorted() -> None:
-    exported = wirecut.simulator.__all__
-    assert exported == sorted(exported)
-    public = {
-        name
-        for name, value in vars(wirecut.simulator).items()
-        if not name.startswith("_") and not isinstance(value, types.ModuleType)
-    }
-    assert public == set(exported)
 
 
 def test_simulator_imports_nothing_from_the_client_side() -> None:
