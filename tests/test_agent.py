@@ -27,6 +27,7 @@ from wirecut.agent import (
     Tool,
     ToolCallError,
     delegate_tool,
+    http_get_tool,
     shell_tool,
     tool,
 )
@@ -99,11 +100,16 @@ def assert_cut(
     assert result.reason == reason
     assert host.wait_quiescent(BOUND), host.live()
     assert host.live() == {"threads": 0, "sockets": 0, "processes": 0, "objects": 0}
-    # Every request still in flight at the cut is seen closed by the provider,
-    # which notices at its next token.
+    # Every request reaches an end: a scripted reply finished by itself before
+    # the cut; an endless one can only end by the provider seeing the close,
+    # which it notices at its next token.
     for summary in provider.server.requests():
-        if summary.finish_reason in (None, "peer_closed"):
-            provider.server.wait_for_event("peer_closed", summary.id, timeout=BOUND)
+        provider.server.wait_for(
+            lambda event, rid=summary.id: (
+                event.request_id == rid and event.kind in ("request_finished", "peer_closed")
+            ),
+            timeout=BOUND,
+        )
     return result
 
 
@@ -449,3 +455,31 @@ def test_shell_tool_runs_argv_and_never_a_shell_line() -> None:
         shell.call('{"argv": ["sh", "-c", "echo hi"]}')
     with pytest.raises(ToolCallError, match="argv"):
         shell.call('{"argv": "echo hi"}')
+
+
+def test_delegate_returns_the_child_agents_answer(provider: Provider, client: ChatClient) -> None:
+    def script(request: dict[str, Any]) -> Mapping[str, Any] | None:
+        last = _last(request)
+        if last["content"] == "parent task":
+            return call("delegate", {"task": "child task"})
+        if last["content"] == "child task":
+            return {"content": "child says 42"}
+        return {"content": f"parent heard: {last['content']}"}
+
+    provider.script = script
+    parent = AIAgent(client, tools=[delegate_tool(lambda: AIAgent(client))])
+    result = parent.run_conversation("parent task")
+    assert result.final_text == "parent heard: child says 42"
+    assert result.usage.requests == 2  # the child's request is its own turn's
+
+
+def test_http_get_tool_fetches_through_the_scope(provider: Provider) -> None:
+    http_get = http_get_tool()
+    health = provider.server.url + "/health"
+    assert http_get.call(json.dumps({"url": health})) == 'HTTP 200\n{"status":"ok"}'
+    with pytest.raises(ToolCallError, match="http:// or https://"):
+        http_get.call('{"url": "file:///etc/passwd"}')
+    scope = InterruptScope()
+    scope.cancel("user")
+    with ws.bind_scope(scope), pytest.raises(ws.Interrupted):
+        http_get.call(json.dumps({"url": health}))
