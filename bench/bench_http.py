@@ -236,6 +236,14 @@ def baseline_rows(trials: int, window: float) -> list[Row]:
         for _ in stream:
             ready.set()
 
+    def httpx_whole(client: httpx.Client, url: str, i: int, ready: threading.Event) -> None:
+        client.post(f"{url}/chat/completions", json={}, headers={"x-trial": str(i)})
+
+    def sdk_whole(client: openai.OpenAI, url: str, i: int, ready: threading.Event) -> None:
+        client.chat.completions.create(
+            model="m", messages=MESSAGES, extra_headers={"x-trial": str(i)}
+        )
+
     def requests_post(session: requests.Session, url: str, i: int, ready: threading.Event) -> None:
         session.post(f"{url}/chat/completions", json={}, headers={"x-trial": str(i)})
 
@@ -249,34 +257,20 @@ def baseline_rows(trials: int, window: float) -> list[Row]:
         client.close()
 
     rows = []
-    for cut, action in (("abandon the thread", abandon), ("client.close() from host", close)):
-        rows.append(
-            baseline_mode(
-                "plain httpx, stream",
-                cut,
-                first_chunk_then_stall,
-                lambda url: httpx.Client(timeout=60),
-                httpx_stream,
-                action,
-                False,
-                trials,
-                window,
+    plain_httpx = lambda url: httpx.Client(timeout=60)  # noqa: E731
+    variants = [
+        ("plain httpx, stream", first_chunk_then_stall, plain_httpx, httpx_stream, False),
+        ("plain httpx, non-stream", hold, plain_httpx, httpx_whole, True),
+        ("plain openai SDK, stream", first_chunk_then_stall, plain_sdk, sdk_stream, False),
+        ("plain openai SDK, non-stream", hold, plain_sdk, sdk_whole, True),
+    ]
+    for mode, handler, make, work, ready_by_server in variants:
+        for cut, action in (("abandon the thread", abandon), ("client.close() from host", close)):
+            rows.append(
+                baseline_mode(
+                    mode, cut, handler, make, work, action, ready_by_server, trials, window
+                )
             )
-        )
-    for cut, action in (("abandon the thread", abandon), ("client.close() from host", close)):
-        rows.append(
-            baseline_mode(
-                "plain openai SDK, stream",
-                cut,
-                first_chunk_then_stall,
-                plain_sdk,
-                sdk_stream,
-                action,
-                False,
-                trials,
-                window,
-            )
-        )
     for cut, action in (("abandon the thread", abandon), ("session.close() from host", close)):
         rows.append(
             baseline_mode(
