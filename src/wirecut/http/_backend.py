@@ -189,21 +189,14 @@ class ScopedBackendCore(Generic[StreamT]):
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> StreamT:
-        scope = current_scope()
-        if scope is not None:
-            scope.check()
-        try:
-            stream = self._inner.connect_tcp(
-                host,
-                port,
-                timeout=self._timeout(timeout),
-                local_address=local_address,
-                socket_options=socket_options,
-            )
-        except Exception as exc:
-            raise_if_cancelled(scope, exc)
-            raise
-        return self._adopt(stream, scope)
+        return self._connect(
+            self._inner.connect_tcp,
+            host,
+            port,
+            timeout=self._timeout(timeout),
+            local_address=local_address,
+            socket_options=socket_options,
+        )
 
     def connect_unix_socket(
         self,
@@ -211,19 +204,22 @@ class ScopedBackendCore(Generic[StreamT]):
         timeout: float | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> StreamT:
+        return self._connect(
+            self._inner.connect_unix_socket,
+            path,
+            timeout=self._timeout(timeout),
+            socket_options=socket_options,
+        )
+
+    def _connect(self, connect: Any, *args: Any, **kwargs: Any) -> StreamT:
         scope = current_scope()
         if scope is not None:
             scope.check()
         try:
-            stream = self._inner.connect_unix_socket(
-                path, timeout=self._timeout(timeout), socket_options=socket_options
-            )
+            stream = connect(*args, **kwargs)
         except Exception as exc:
             raise_if_cancelled(scope, exc)
             raise
-        return self._adopt(stream, scope)
-
-    def _adopt(self, stream: Any, scope: InterruptScope | None) -> StreamT:
         try:
             return self._stream_class(stream, scope)
         except BaseException:
