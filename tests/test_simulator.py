@@ -8,6 +8,8 @@ bound.
 from __future__ import annotations
 
 import json
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -510,3 +512,25 @@ def test_provider_help_lists_the_protocol_flags() -> None:
 def test_provider_bad_flag_exits_2(args: list[str]) -> None:
     result = CliRunner().invoke(main, ["provider", *args])
     assert result.exit_code == 2, result.output
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_cli_serves_until_a_signal_then_exits_0(sig: signal.Signals) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wirecut", "provider", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = re.fullmatch(r"wirecut provider: (http://127\.0\.0\.1:\d+/v1) \(.*\)\n", line)
+        assert match, line
+        assert httpx.get(match[1].removesuffix("/v1") + "/health").json() == {"status": "ok"}
+        proc.send_signal(sig)
+        assert proc.wait(10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -98,8 +98,5 @@ def provider(
 
     try:
         serve_forever(config, host=host, port=port, on_listening=announce)
-    except KeyboardInterrupt:
-        # uvicorn re-raises the SIGINT it caught once it has shut down cleanly.
-        pass
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -8,10 +8,11 @@ main thread until SIGINT or SIGTERM.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 
 import uvicorn
@@ -54,6 +55,15 @@ class _UvicornServer(uvicorn.Server):
         # A failed bind ends startup with SystemExit, so here it is listening.
         host, port = self.servers[0].sockets[0].getsockname()[:2]
         self._on_listening(str(host), int(port))
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            yield
+            # uvicorn re-raises the SIGINT/SIGTERM it caught once it has shut
+            # down; for the simulator a signal is the normal way to stop, so
+            # the process exits 0 rather than dying of the signal again.
+            self._captured_signals.clear()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # uvicorn waits for in-flight responses; an endless stream never ends
@@ -267,9 +277,8 @@ def serve_forever(
     """Serve in the calling (main) thread until SIGINT or SIGTERM.
 
     ``on_listening`` gets the API base URL once connections are accepted.
-    uvicorn re-raises the signal it caught once it has shut down, so SIGINT
-    ends this call with KeyboardInterrupt. Raises RuntimeError if it cannot
-    listen.
+    A signal is the normal way to stop: this returns once the server has
+    shut down. Raises RuntimeError if it cannot listen.
     """
     simulator = Simulator(config, responder=responder)
 
