@@ -581,6 +581,24 @@ def test_escalation_stops_a_pure_python_loop() -> None:
     assert [event for event, _ in scope.timeline] == ["cancel_requested", "escalated"]
 
 
+def test_escalation_reaches_threads_of_child_scopes() -> None:
+    parent = InterruptScope()
+    child = parent.child()
+    running = threading.Event()
+
+    def spin() -> None:
+        running.set()
+        while True:
+            pass
+
+    future = child.spawn(spin)
+    assert running.wait(BOUND)
+    parent.cancel("user", escalate_after=0.01)
+    with pytest.raises(Interrupted):
+        future.result(BOUND)
+    assert parent.wait_quiescent(BOUND)
+
+
 def test_escalation_spares_threads_that_returned() -> None:
     scope = InterruptScope()
     assert scope.spawn(lambda: 42).result(BOUND) == 42

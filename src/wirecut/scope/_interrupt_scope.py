@@ -149,6 +149,8 @@ class InterruptScope:
         self._timeout_timer: TimerHandle | None = None
         self._escalation_timer: TimerHandle | None = None
         self._bindings: list[contextlib.AbstractContextManager[Any]] = []
+        # Set (under the lock) before the first async Interrupted is raised.
+        self._escalated = False
         self.deadline = None if timeout is None else time.monotonic() + timeout
         if parent is not None:
             parent._adopt(self)
@@ -291,6 +293,7 @@ class InterruptScope:
 
     def _escalate(self) -> None:
         with self._lock:
+            self._escalated = True
             threads = [
                 reg.target
                 for reg in self._registrations
@@ -475,7 +478,7 @@ class InterruptScope:
                 finally:
                     with self._lock:
                         reg.in_user_code = False
-                    if self._escalation_timer is not None:
+                    if self._escalated:
                         # An escalation may be set but not yet delivered: drop
                         # it rather than let it land in our bookkeeping.
                         _raise_in_thread(threading.get_ident(), None)
