@@ -5,17 +5,26 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import wirecut.scope as ws
-from wirecut.scope import Interrupted, InterruptScope, ScopeState, bind_scope, current_scope
+from wirecut.scope import (
+    Interrupted,
+    InterruptScope,
+    ScopedPopen,
+    ScopeState,
+    bind_scope,
+    current_scope,
+)
 
 BOUND = 5.0  # seconds: generous bound for "promptly" on a shared, noisy machine
 
@@ -420,6 +429,42 @@ def test_popen_on_cancelled_scope_starts_nothing() -> None:
     scope.cancel()
     with pytest.raises(Interrupted):
         scope.popen(["sleep", "300"])
+
+
+def test_popen_cancelled_while_starting_is_killed_and_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scope = InterruptScope()
+    register = scope.register_process
+
+    def cancel_then_register(popen: Any, *, grace: float | None = None) -> Any:
+        # The race in the wild: the program runs (and may already have done
+        # its visible work) before the starting thread registers it.
+        scope.cancel("user")
+        return register(popen, grace=grace)
+
+    monkeypatch.setattr(scope, "register_process", cancel_then_register)
+    started: list[subprocess.Popen[bytes]] = []
+    monkeypatch.setattr(
+        ScopedPopen, "__init__", _recording(ScopedPopen.__init__, started), raising=True
+    )
+    with pytest.raises(Interrupted):
+        scope.popen(["sleep", "300"], stdin=-1, stdout=-1)
+    (proc,) = started
+    assert proc.returncode is not None  # killed and reaped
+    assert proc.stdin is not None
+    assert proc.stdin.closed
+    assert proc.stdout is not None
+    assert proc.stdout.closed
+    assert scope.wait_quiescent(BOUND)
+
+
+def _recording(init: Any, started: list[Any]) -> Any:
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        started.append(self)
+        init(self, *args, **kwargs)
+
+    return wrapper
 
 
 def test_finished_popen_leaves_no_group_member_behind() -> None:

@@ -620,7 +620,11 @@ class ScopedPopen(subprocess.Popen[Any]):
         try:
             self._registration = scope.register_process(self, grace=grace)
         except Interrupted:
-            self.wait()  # The cut on entry kills it within the grace.
+            # Cancelled while it started: the cut on entry kills it within
+            # the grace. Close its pipes and reap it here, as the caller
+            # never gets the object to do so.
+            with self:
+                pass
             raise
 
     def wait(self, timeout: float | None = None) -> int:
