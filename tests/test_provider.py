@@ -10,6 +10,8 @@ from functools import partial
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from _loopback import Exchange, LoopbackServer
 from wirecut.provider import (
@@ -415,3 +417,29 @@ def test_a_closed_client_refuses_to_chat(server: LoopbackServer) -> None:
 def test_bad_settings_are_refused(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         ChatClient("http://127.0.0.1:9", **kwargs)
+
+
+_sse_text = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), max_size=30
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    events=st.lists(
+        st.tuples(st.lists(_sse_text, min_size=1, max_size=3), st.booleans(), st.booleans()),
+        max_size=8,
+    )
+)
+def test_iter_sse_round_trips_any_events(events: list[tuple[list[str], bool, bool]]) -> None:
+    """Whatever data an event carries, split over lines and among comments, comes back whole."""
+    lines: list[str] = []
+    for data_lines, comment, named in events:
+        if comment:
+            lines.append(": keep-alive")
+        if named:
+            lines.append("event: message")
+        lines.extend(f"data: {line}" for line in data_lines)
+        lines.append("")
+    parsed = list(iter_sse(lines))
+    assert [event.data for event in parsed] == ["\n".join(d) for d, _, _ in events]
