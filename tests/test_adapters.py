@@ -14,6 +14,7 @@ import requests
 
 import wirecut.adapters
 from _loopback import Exchange, LoopbackServer
+from _promises import assert_cut_reached_the_server, assert_quiet
 from wirecut.adapters import ScopedHTTPAdapter, openai_http_client
 from wirecut.scope import Interrupted, InterruptScope, bind_scope
 
@@ -57,11 +58,6 @@ def answer(ex: Exchange) -> None:
 
 def stall_after_first_chunk(ex: Exchange) -> None:
     ex.sse([chunk("Hel")], stall=True)
-
-
-def assert_quiet(scope: InterruptScope) -> None:
-    assert scope.wait_quiescent(2), scope.live()
-    assert scope.live() == {"threads": 0, "sockets": 0, "processes": 0, "objects": 0}
 
 
 @pytest.fixture
@@ -117,9 +113,7 @@ def test_a_cut_sdk_call_raises_interrupted_and_is_not_retried(sdk: Any) -> None:
         with pytest.raises(Interrupted) as info:
             future.result(BOUND)
         assert info.value.reason == "stop"
-        assert server.wait_closes(1)
-        assert len(server.requests) == 1
-        assert_quiet(scope)
+        assert_cut_reached_the_server(server, scope)
 
 
 def test_a_cut_sdk_stream_raises_interrupted(sdk: Any) -> None:
@@ -141,9 +135,7 @@ def test_a_cut_sdk_stream_raises_interrupted(sdk: Any) -> None:
         with pytest.raises(Interrupted):
             future.result(BOUND)
         assert received == ["Hel"]
-        assert server.wait_closes(1)
-        assert len(server.requests) == 1
-        assert_quiet(scope)
+        assert_cut_reached_the_server(server, scope)
 
 
 def test_the_sdk_under_a_cancelled_scope_connects_nowhere(sdk: Any) -> None:
@@ -188,9 +180,7 @@ def test_a_cut_requests_call_raises_interrupted(session: requests.Session) -> No
         with pytest.raises(Interrupted) as info:
             future.result(BOUND)
         assert info.value.reason == "stop"
-        assert server.wait_closes(1)
-        assert len(server.requests) == 1
-        assert_quiet(scope)
+        assert_cut_reached_the_server(server, scope)
 
 
 def test_a_cut_requests_body_read_returns_promptly(session: requests.Session) -> None:
@@ -209,9 +199,7 @@ def test_a_cut_requests_body_read_returns_promptly(session: requests.Session) ->
         # requests reads the body outside the adapter: its own error surfaces.
         with pytest.raises((requests.ConnectionError, requests.exceptions.ChunkedEncodingError)):
             future.result(BOUND)
-        assert server.wait_closes(1)
-        assert len(server.requests) == 1
-        assert_quiet(scope)
+        assert_cut_reached_the_server(server, scope)
 
 
 def test_requests_under_a_cancelled_scope_connects_nowhere(session: requests.Session) -> None:

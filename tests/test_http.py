@@ -16,6 +16,7 @@ import pytest
 
 import wirecut.http
 from _loopback import Exchange, LoopbackServer
+from _promises import assert_cut_reached_the_server, assert_quiet
 from wirecut.http import ScopedNetworkBackend, ScopedTransport
 from wirecut.scope import Interrupted, InterruptScope, bind_scope
 
@@ -34,11 +35,6 @@ def hold(ex: Exchange) -> None:
 def client() -> Iterator[httpx.Client]:
     with wirecut.http.client(timeout=30) as c:
         yield c
-
-
-def assert_quiet(scope: InterruptScope) -> None:
-    assert scope.wait_quiescent(2), scope.live()
-    assert scope.live() == {"threads": 0, "sockets": 0, "processes": 0, "objects": 0}
 
 
 def test_without_a_scope_it_is_a_plain_keep_alive_client(client: httpx.Client) -> None:
@@ -60,9 +56,7 @@ def test_cut_during_the_header_wait_wakes_the_worker_and_closes_the_connection(
         with pytest.raises(Interrupted) as info:
             future.result(BOUND)
         assert info.value.reason == "stop"
-        assert server.wait_closes(1)
-        assert len(server.requests) == 1
-        assert_quiet(scope)
+        assert_cut_reached_the_server(server, scope)
 
 
 def test_cut_during_a_stream_wakes_the_reader(client: httpx.Client) -> None:
@@ -88,9 +82,7 @@ def test_cut_during_a_stream_wakes_the_reader(client: httpx.Client) -> None:
         with pytest.raises(Interrupted):
             future.result(BOUND)
         assert received == [b"hello"]
-        assert server.wait_closes(1)
-        assert len(server.requests) == 1
-        assert_quiet(scope)
+        assert_cut_reached_the_server(server, scope)
 
 
 def test_a_request_under_a_cancelled_scope_opens_no_connection(client: httpx.Client) -> None:

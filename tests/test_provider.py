@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _loopback import Exchange, LoopbackServer
+from _promises import assert_quiet
 from wirecut.provider import (
     ChatClient,
     ChatResult,
@@ -83,11 +84,6 @@ def hello_stream(ex: Exchange) -> None:
 def server() -> Iterator[LoopbackServer]:
     with LoopbackServer(hello_stream) as s:
         yield s
-
-
-def assert_quiet(scope: InterruptScope) -> None:
-    assert scope.wait_quiescent(2), scope.live()
-    assert scope.live() == {"threads": 0, "sockets": 0, "processes": 0, "objects": 0}
 
 
 # -- the plain paths -------------------------------------------------------

@@ -162,8 +162,10 @@ class AIAgent:
             if self._interrupt_reason is not None:
                 turn.cancel(self._interrupt_reason)
         try:
-            # Registered with the host's scope for the turn: a cancel that came
-            # before this point is delivered here, and no request is sent.
+            # The turn is a child of the host's scope, so it is cancelled with
+            # it (and born cancelled after it). Registering it as well makes
+            # the running turn an object in the host's ledger, and a cancel
+            # that came first raises here, before any request is sent.
             with ws.register(_Turn(turn)), bind_scope(turn):
                 while True:
                     turn.check()
