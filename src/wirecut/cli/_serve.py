@@ -1,0 +1,155 @@
+"""``wirecut serve``: the console (docs/protocol.md, "Command line").
+
+Prints ``wirecut console: http://HOST:PORT/?token=TOKEN`` on stdout once it
+accepts connections, and which provider it uses on stderr; serves until
+SIGTERM or Ctrl+C, ends every command with reason "shutdown" (each gets its
+``complete``), stops the provider it started, and exits 0.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+import secrets
+import socket
+import sys
+from pathlib import Path
+
+import click
+
+from wirecut.cli._data_dir import data_dir_option
+
+__all__ = ["serve"]
+
+
+def _seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    # click's FloatRange lets NaN and inf through.
+    if not math.isfinite(value) or value <= 0:
+        raise click.BadParameter(f"must be a finite number of seconds > 0, not {value}")
+    return value
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@click.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port", default=8765, show_default=True, type=click.IntRange(0, 65535), help="0: any."
+)
+@click.option("--token", default=None, help="The access token. Default: a random one.")
+@click.option(
+    "--no-token",
+    is_flag=True,
+    help="Require no token (refused unless the host is a loopback address).",
+)
+@click.option(
+    "--provider-url",
+    default=None,
+    help="OpenAI-compatible API base (http://host:port/v1). Default: $WIRECUT_PROVIDER_URL, "
+    "then $OPENAI_BASE_URL; with neither, the embedded llama.cpp, else the simulator.",
+)
+@click.option("--model", default=None, help="The model to ask the provider for.")
+@click.option("--api-key", default=None, help="The provider's API key. Default: $OPENAI_API_KEY.")
+@data_dir_option
+@click.option("--workers", default=4, show_default=True, type=click.IntRange(1, 1024))
+@click.option(
+    "--command-timeout",
+    default=60.0,
+    show_default=True,
+    type=float,
+    callback=_seconds,
+    help="The longest a command may run (a run frame's timeout is capped by it).",
+)
+@click.option(
+    "--unwind-timeout",
+    default=10.0,
+    show_default=True,
+    type=float,
+    callback=_seconds,
+    help="How long a cancelled command's worker may take to return before it is reported leaked.",
+)
+@click.option("--ray", "ray_address", default=None, help="Run commands on a Ray cluster.")
+def serve(
+    host: str,
+    port: int,
+    token: str | None,
+    no_token: bool,
+    provider_url: str | None,
+    model: str | None,
+    api_key: str | None,
+    data_dir: Path,
+    workers: int,
+    command_timeout: float,
+    unwind_timeout: float,
+    ray_address: str | None,
+) -> None:
+    """Run the console: a web page, a WebSocket API and a terminal client's server."""
+    if no_token and token is not None:
+        raise click.UsageError("--token and --no-token exclude each other")
+    if no_token and not _is_loopback(host):
+        raise click.UsageError(
+            f"--no-token is refused on {host}: only a loopback address may go without a token"
+        )
+    if ray_address is not None:
+        raise click.UsageError("--ray: running commands on a Ray cluster is not built yet")
+    if token is not None and not token.strip():
+        raise click.UsageError("--token must not be empty")
+    _check_port(host, port)
+
+    from wirecut.console.server import (
+        ConsoleConfig,
+        ProviderUnavailable,
+        resolve_provider,
+        serve_forever,
+    )
+
+    url = (
+        provider_url or os.environ.get("WIRECUT_PROVIDER_URL") or os.environ.get("OPENAI_BASE_URL")
+    )
+    config = ConsoleConfig(
+        host=host,
+        port=port,
+        token=None if no_token else (token or secrets.token_urlsafe(24)),
+        workers=workers,
+        command_timeout=command_timeout,
+        unwind_timeout=unwind_timeout,
+        data_dir=data_dir,
+        provider_url=url,
+        model=model,
+        api_key=api_key or os.environ.get("OPENAI_API_KEY"),
+    )
+    try:
+        provider = resolve_provider(url, model, data_dir)
+    except ProviderUnavailable as exc:
+        click.echo(f"wirecut serve: {exc}", err=True)
+        sys.exit(1)
+    try:
+        click.echo(f"wirecut serve: provider: {provider.label}", err=True)
+        if provider.note:
+            click.echo(f"wirecut serve: {provider.note}", err=True)
+        code = serve_forever(config, provider, echo=click.echo)
+    finally:
+        provider.stop()
+    sys.exit(code)
+
+
+def _check_port(host: str, port: int) -> None:
+    """Refuse a port that is taken with one line, before starting a provider for nothing."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError as exc:
+            click.echo(f"wirecut serve: cannot listen on {host}:{port}: {exc.strerror}", err=True)
+            sys.exit(1)

@@ -1,0 +1,106 @@
+"""The built-in console commands: ``help``, ``sleep``, ``jobs``, ``chat``.
+
+Importing this module registers them, and the command modules beside it
+(``memory``/``curator``, ``probe``). Each runs on a worker thread with the
+command's scope bound (see ``_context``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from wirecut.agent import AIAgent, ConversationStatus
+from wirecut.console.commands._context import CommandContext, CommandError, UsageError
+from wirecut.console.commands._registry import command, commands
+
+__all__: list[str] = []
+
+#: What the chat agent is told; the local model is a base model and ignores most of it.
+CHAT_SYSTEM_PROMPT = "You are a helpful assistant in the wirecut console. Answer briefly."
+
+
+@command("help", usage="help", summary="list the commands")
+def help_(ctx: CommandContext, args: list[str]) -> None:
+    if args:
+        raise UsageError("usage: help")
+    listed = commands()
+    width = max(len(c.usage) for c in listed)
+    for found in listed:
+        ctx.write(f"{found.usage:<{width}}  {found.summary}\n")
+    if ctx.services.provider_label:
+        ctx.write(f"\nprovider: {ctx.services.provider_label}\n")
+
+
+@command("sleep", usage="sleep SECONDS", summary="wait; for trying cancel and timeout")
+def sleep(ctx: CommandContext, args: list[str]) -> None:
+    if len(args) != 1:
+        raise UsageError("usage: sleep SECONDS")
+    try:
+        seconds = float(args[0])
+    except ValueError:
+        raise UsageError(f"usage: sleep SECONDS (not a number: {args[0]!r})") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise UsageError(f"usage: sleep SECONDS (a finite number >= 0, not {args[0]})")
+    ctx.scope.sleep(seconds)
+    ctx.write(f"slept {seconds:g} s\n")
+
+
+@command("jobs", usage="jobs", summary="this connection's running and queued commands")
+def jobs(ctx: CommandContext, args: list[str]) -> None:
+    if args:
+        raise UsageError("usage: jobs")
+    for id, line, state, elapsed_ms in ctx.session.jobs():
+        ctx.write(f"{id}  {state:<9}  {elapsed_ms / 1000:7.1f} s  {line}\n")
+
+
+@command(
+    "chat",
+    usage="chat [--new] TEXT",
+    summary="one agent turn on the provider; streams the reply (--new: forget the history)",
+)
+def chat(ctx: CommandContext, args: list[str]) -> None:
+    new = bool(args) and args[0] == "--new"
+    words = args[1:] if new else args
+    if new:
+        with ctx.session.lock:
+            ctx.session.chat_history.clear()
+    if not words:
+        if new:
+            ctx.write("chat history cleared\n")
+            return
+        raise UsageError("usage: chat [--new] TEXT")
+    with ctx.session.lock:
+        history = list(ctx.session.chat_history)
+    agent = AIAgent(
+        ctx.services.chat_client(),
+        model=ctx.services.model,
+        system_prompt=CHAT_SYSTEM_PROMPT,
+        max_tokens=ctx.services.max_tokens,
+    )
+    result = agent.run_conversation(" ".join(words), history=history, on_token=ctx.token)
+    ctx.add_usage(result.usage)
+    if result.status is ConversationStatus.INTERRUPTED:
+        ctx.scope.check()  # The command's own cancel: the runner reports it.
+        raise CommandError(f"the turn was interrupted: {result.reason}")
+    if result.status is not ConversationStatus.OK:
+        raise CommandError(f"chat failed: {result.reason}")
+    if result.final_text and not result.final_text.endswith("\n"):
+        ctx.token("\n")
+    with ctx.session.lock:
+        ctx.session.chat_history[:] = result.messages
+
+
+def _load_command_modules() -> None:
+    # The other command modules register themselves on import; they are
+    # being built in parallel, so a missing one is skipped, not fatal.
+    import importlib
+
+    for name in ("_memory", "_probe"):
+        try:
+            importlib.import_module(f"wirecut.console.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"wirecut.console.commands.{name}":
+                raise
+
+
+_load_command_modules()

@@ -1,0 +1,127 @@
+"""What a console command gets: its ``CommandContext``, and the errors it may raise.
+
+A command is a plain function ``fn(ctx, args) -> None`` registered in the
+command registry (``_registry``). The runner calls it on a worker thread with
+the command's ``InterruptScope`` bound, so everything it starts (a provider
+request through ``wirecut.provider``, a ``scope.popen()`` process, a
+``scope.spawn()`` thread, an agent turn) registers with that scope and a
+cancel cuts it. ``print()`` inside a command reaches the command's own
+``stdout`` output; ``ctx.write()`` and ``ctx.token()`` say which stream.
+
+Errors (the tree)::
+
+    Exception
+    └── CommandError        the command failed: ``complete`` with status "error"
+        └── UsageError      the line does not fit the command's usage
+
+``wirecut.scope.Interrupted`` (a BaseException) is not an error here: it is
+the cut, and the runner reports the scope's reason.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from wirecut.scope import InterruptScope
+
+if TYPE_CHECKING:
+    from wirecut.memory import NoteStore
+    from wirecut.provider import ChatClient, Usage
+
+__all__ = ["CommandContext", "CommandError", "Services", "Session", "Stream", "UsageError"]
+
+Stream = Literal["stdout", "stderr", "token"]
+
+
+class CommandError(Exception):
+    """The command failed; the message is the one line the user sees in ``error``."""
+
+
+class UsageError(CommandError):
+    """The line does not fit the command: the message says what, and gives the usage."""
+
+
+@dataclass
+class Session:
+    """What one connection keeps between its commands.
+
+    ``chat_history`` is the conversation of ``chat`` (``chat --new`` clears
+    it). Commands of one connection may run at once: take ``lock`` to change
+    anything here.
+    """
+
+    chat_history: list[dict[str, Any]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: ``jobs`` lists these: () -> [(id, line, state, elapsed_ms)], set by the host.
+    jobs: Callable[[], list[tuple[str, str, str, float]]] = lambda: []
+
+
+@dataclass
+class Services:
+    """What the server provides to every command; shared between threads.
+
+    ``chat_client()`` returns the configured provider's client (cuttable
+    under the bound scope); ``model`` is the model name to ask for, if any;
+    ``provider_label`` says which provider it is, for ``help`` and errors.
+    """
+
+    store: NoteStore
+    chat_client: Callable[[], ChatClient]
+    model: str | None = None
+    provider_label: str = ""
+    #: max_tokens for one chat reply (the local model pads until it).
+    max_tokens: int = 256
+
+
+class CommandContext:
+    """One running command: its id, line, scope, output, session and services.
+
+    Used from the command's worker thread (and from threads it started through
+    the scope). ``write``, ``token`` and ``add_usage`` are safe from any of
+    them; ``confirm`` blocks the calling thread until the client answers.
+    """
+
+    def __init__(
+        self,
+        *,
+        id: str,
+        line: str,
+        scope: InterruptScope,
+        session: Session,
+        services: Services,
+        output: Callable[[Stream, str], None],
+        confirm: Callable[[str], bool],
+        add_usage: Callable[[Usage], None],
+    ) -> None:
+        self.id = id
+        self.line = line
+        self.scope = scope
+        self.session = session
+        self.services = services
+        self._output = output
+        self._confirm = confirm
+        self._add_usage = add_usage
+
+    def write(self, data: str, stream: Stream = "stdout") -> None:
+        """Send ``data`` as output of this command (as is: add the newline yourself)."""
+        self._output(stream, data)
+
+    def token(self, data: str) -> None:
+        """Send model output as it streams (``stream: "token"``)."""
+        self._output("token", data)
+
+    def confirm(self, message: str) -> bool:
+        """Ask the client to confirm (``confirm_required``); True once it did.
+
+        Blocks until the client sends ``confirm`` for this id. A cancel ends
+        the wait at once with ``Interrupted``; a client that never answers is
+        ended by the command's timeout.
+        """
+        return self._confirm(message)
+
+    def add_usage(self, usage: Usage) -> None:
+        """Count what the provider produced for this command (cut requests included)."""
+        self._add_usage(usage)

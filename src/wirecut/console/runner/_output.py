@@ -1,0 +1,196 @@
+"""A command's output: routed from ``print()`` by scope, capped, and coalesced into frames.
+
+Routing. ``sys.stdout`` and ``sys.stderr`` are replaced once (``route_stdio``)
+by writers that look up the command owning the *bound scope* (walking up
+through child scopes: an agent turn, a ``scope.spawn()`` thread), and write to
+that command's output; code with no command scope writes to the real stream.
+The scope, not a ContextVar of our own, is the key because it is what already
+crosses into every thread a command starts (DESIGN fact 5), so ``print()`` in a
+command's tool thread reaches that command and never another. No
+process-global ``redirect_stdout``: two commands print at once.
+
+Coalescing. Worker threads append to an ``OutputBuffer``; the event loop
+sends what accumulated a few milliseconds after the first write, merged per
+stream, so a model streaming hundreds of tokens a second costs a few frames a
+second. ``close()`` (at the terminal frame) flushes and then drops, and
+counts, everything written later: nothing follows a command's ``complete``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from wirecut.console.commands import Stream
+from wirecut.scope import InterruptScope, current_scope
+
+__all__ = ["OutputBuffer", "bind_output", "route_stdio"]
+
+#: Characters one command may output before the rest is cut (one notice says so).
+OUTPUT_CAP = 1 << 20
+#: How long output accumulates before it is sent, in seconds.
+COALESCE_DELAY = 0.005
+
+
+class OutputBuffer:
+    """What one command wrote and the event loop has not sent yet.
+
+    ``write`` is safe from any thread; ``flush`` and ``close`` run on the
+    event loop, which calls ``emit(stream, data)`` in order.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        emit: Callable[[Stream, str], None],
+        *,
+        on_dropped: Callable[[int], None] = lambda n: None,
+        cap: int = OUTPUT_CAP,
+        delay: float = COALESCE_DELAY,
+    ) -> None:
+        self._loop = loop
+        self._emit = emit
+        self._on_dropped = on_dropped
+        self._cap = cap
+        self._delay = delay
+        # Guards everything below: workers append, the loop takes.
+        self._lock = threading.Lock()
+        self._chunks: list[tuple[Stream, list[str]]] = []
+        self._written = 0
+        self._scheduled = False
+        self._capped = False
+        self._closed = False
+
+    def write(self, stream: Stream, data: str) -> None:
+        if not data:
+            return
+        with self._lock:
+            if self._closed:
+                dropped = len(data)
+            else:
+                dropped = 0
+                room = self._cap - self._written
+                if len(data) > room:
+                    data = data[: max(room, 0)]
+                    if not self._capped:
+                        self._capped = True
+                        notice = f"\n[output cut short: over {self._cap} characters]\n"
+                        self._append(stream, data)
+                        stream, data = "stderr", notice
+                if data:
+                    self._append(stream, data)
+                    self._written += len(data)
+                schedule = not self._scheduled
+                self._scheduled = True
+        if dropped:
+            self._on_dropped(dropped)
+            return
+        if schedule:
+            try:
+                self._loop.call_soon_threadsafe(self._schedule)
+            except RuntimeError:
+                pass  # The loop is closed: the server is gone, and so is the client.
+
+    def _append(self, stream: Stream, data: str) -> None:
+        # Called with the lock held.
+        if self._chunks and self._chunks[-1][0] == stream:
+            self._chunks[-1][1].append(data)
+        else:
+            self._chunks.append((stream, [data]))
+
+    def _schedule(self) -> None:
+        self._loop.call_later(self._delay, self.flush)
+
+    def flush(self) -> None:
+        """Send what accumulated (event loop only)."""
+        with self._lock:
+            chunks, self._chunks = self._chunks, []
+            self._scheduled = False
+        for stream, parts in chunks:
+            self._emit(stream, "".join(parts))
+
+    def close(self) -> None:
+        """Flush, then drop (and count) every later write (event loop only)."""
+        self.flush()
+        with self._lock:
+            self._closed = True
+            self._chunks = []
+
+
+_owners: weakref.WeakKeyDictionary[InterruptScope, OutputBuffer] = weakref.WeakKeyDictionary()
+_owners_lock = threading.Lock()
+
+
+def bind_output(scope: InterruptScope, buffer: OutputBuffer) -> None:
+    """Route what code under ``scope`` (and its child scopes) prints to ``buffer``."""
+    with _owners_lock:
+        _owners[scope] = buffer
+
+
+def _buffer_for_current_scope() -> OutputBuffer | None:
+    scope = current_scope()
+    while scope is not None:
+        buffer = _owners.get(scope)
+        if buffer is not None:
+            return buffer
+        scope = scope.parent
+    return None
+
+
+class _RoutedStream(io.TextIOBase):
+    """A ``sys.stdout``/``sys.stderr`` that writes to the current command's output."""
+
+    def __init__(self, stream: Stream, fallback: TextIO) -> None:
+        self._stream: Stream = stream
+        self.fallback = fallback
+
+    def write(self, s: str) -> int:
+        buffer = _buffer_for_current_scope()
+        if buffer is None:
+            return self.fallback.write(s)
+        buffer.write(self._stream, s)
+        return len(s)
+
+    def flush(self) -> None:
+        if _buffer_for_current_scope() is None:
+            self.fallback.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        # encoding, fileno, ... of the real stream, for code that asks.
+        return getattr(self.fallback, name)
+
+
+class route_stdio:  # lower case: used like a function, as contextlib.suppress is
+    """Route ``print()`` of commands to their output while the ``with`` block runs.
+
+    Enter from the main thread (it replaces ``sys.stdout``/``sys.stderr``);
+    nesting is counted, and the real streams come back when the last block
+    leaves (if nobody replaced them meanwhile).
+    """
+
+    _depth = 0
+    _lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        with route_stdio._lock:
+            if route_stdio._depth == 0:
+                sys.stdout = _RoutedStream("stdout", sys.stdout)
+                sys.stderr = _RoutedStream("stderr", sys.stderr)
+            route_stdio._depth += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        with route_stdio._lock:
+            route_stdio._depth -= 1
+            if route_stdio._depth == 0:
+                for name in ("stdout", "stderr"):
+                    current = getattr(sys, name)
+                    if isinstance(current, _RoutedStream):
+                        setattr(sys, name, current.fallback)
