@@ -171,26 +171,25 @@ class _RoutedStream(io.TextIOBase):
 class route_stdio:  # lower case: used like a function, as contextlib.suppress is
     """Route ``print()`` of commands to their output while the ``with`` block runs.
 
-    Enter from the main thread (it replaces ``sys.stdout``/``sys.stderr``);
-    nesting is counted, and the real streams come back when the last block
-    leaves (if nobody replaced them meanwhile).
+    Replaces ``sys.stdout``/``sys.stderr`` with routing writers (unless they
+    route already) and puts back, on the way out, what it replaced, if the
+    streams are still the ones it installed. Safe from any thread; usually
+    entered once by the server's lifespan.
     """
 
-    _depth = 0
-    _lock = threading.Lock()
+    def __init__(self) -> None:
+        self._installed: list[tuple[str, _RoutedStream]] = []
 
     def __enter__(self) -> None:
-        with route_stdio._lock:
-            if route_stdio._depth == 0:
-                sys.stdout = _RoutedStream("stdout", sys.stdout)
-                sys.stderr = _RoutedStream("stderr", sys.stderr)
-            route_stdio._depth += 1
+        for name, kind in (("stdout", "stdout"), ("stderr", "stderr")):
+            current = getattr(sys, name)
+            if not isinstance(current, _RoutedStream):
+                routed = _RoutedStream(kind, current)  # type: ignore[arg-type]
+                setattr(sys, name, routed)
+                self._installed.append((name, routed))
 
     def __exit__(self, *exc_info: object) -> None:
-        with route_stdio._lock:
-            route_stdio._depth -= 1
-            if route_stdio._depth == 0:
-                for name in ("stdout", "stderr"):
-                    current = getattr(sys, name)
-                    if isinstance(current, _RoutedStream):
-                        setattr(sys, name, current.fallback)
+        for name, routed in self._installed:
+            if getattr(sys, name) is routed:
+                setattr(sys, name, routed.fallback)
+        self._installed.clear()

@@ -157,7 +157,7 @@ class _ConsoleUvicorn(uvicorn.Server):
         on_listening: Callable[[str, int], None],
     ) -> None:
         super().__init__(config)
-        self._state = state
+        self._console = state
         self._on_listening = on_listening
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -168,7 +168,7 @@ class _ConsoleUvicorn(uvicorn.Server):
         self._on_listening(str(host), int(port))
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        await self._state.shutdown()
+        await self._console.shutdown()
         await super().shutdown(sockets)
 
     @contextlib.contextmanager

@@ -1,0 +1,553 @@
+"""The console end to end: a real uvicorn server, a real WebSocket client, the simulator.
+
+Each test drives ``/api/console`` as a client would and checks the promise at
+the other end of the wire: the simulator saw the request close, no request
+came after the cancel, and the ``complete`` frame carries what was true.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from _console import Console, ConsoleClient, running_console
+from wirecut.console.commands import CommandContext, command
+from wirecut.console.runner import route_stdio
+from wirecut.scope import Interrupted
+from wirecut.simulator import SimConfig, SimulatorServer
+
+# -- commands that only these tests use ------------------------------------------------
+
+_stubborn_release = threading.Event()
+
+
+@command("test-stubborn", usage="test-stubborn", summary="(tests) ignores every cut")
+def _stubborn(ctx: CommandContext, args: list[str]) -> None:
+    # Pure Python that swallows the cut and escalation alike: the worker a
+    # console cannot stop. Released by the test at its end.
+    ctx.write("stubborn\n")
+    while not _stubborn_release.is_set():
+        try:
+            _stubborn_release.wait(0.01)
+        except Interrupted:
+            pass
+    ctx.write("output after my complete\n")  # must be dropped, never sent
+
+
+_print_barrier = threading.Barrier(2)
+
+
+@command("test-print", usage="test-print NAME", summary="(tests) prints its name")
+def _print(ctx: CommandContext, args: list[str]) -> None:
+    _print_barrier.wait(10)  # both commands print at the same time
+    for _ in range(25):
+        print(f"<{args[0]}>")
+    # And from a thread of a child scope (an agent turn's, say): still its own output.
+    child = ctx.scope.child("printer")
+    child.spawn(lambda: [print(f"<{args[0]}>") for _ in range(25)]).result(10)
+
+
+@command("test-orphan", usage="test-orphan", summary="(tests) leaves a process behind")
+def _orphan(ctx: CommandContext, args: list[str]) -> None:
+    # A process that ignores SIGTERM, started and not waited for: when the
+    # command returns, its kill is still in its grace.
+    ctx.scope.popen(["sh", "-c", "trap '' TERM; echo ready; sleep 60"], grace=0.5)
+    ctx.write("started\n")
+    ctx.scope.sleep(60)
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def health(console: Console) -> dict[str, Any]:
+    url = console.server.url + "api/health"
+    response = httpx.get(url, headers={"Authorization": f"Bearer {console.server.token}"})
+    response.raise_for_status()
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def wait_health(console: Console, match: Any, timeout: float = 10) -> dict[str, Any]:
+    """Poll /api/health until ``match(health)`` (bounded): the server has no push for it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        current = health(console)
+        if match(current) or time.monotonic() > deadline:
+            return current
+        time.sleep(0.02)
+
+
+def sim_requests(console: Console) -> int:
+    return len(console.sim.requests())
+
+
+def assert_clean_cut(complete: dict[str, Any], reason: str, status: str = "cancelled") -> None:
+    assert complete["status"] == status
+    assert complete["reason"] == reason
+    lifecycle = complete["lifecycle"]
+    assert lifecycle["worker_exited"] is True
+    assert lifecycle["open_requests"] == 0
+    assert lifecycle["open_processes"] == 0
+    events = [step["event"] for step in lifecycle["timeline"]]
+    assert events[0] == "cancel_requested"
+    assert "worker_exited" in events
+
+
+@pytest.fixture
+def console(tmp_path: Path) -> Any:
+    with running_console(tmp_path, workers=4, unwind_timeout=5) as running:
+        yield running
+
+
+@pytest.fixture
+def client(console: Console) -> Any:
+    with console.client() as c:
+        yield c
+
+
+# -- the promise, per way of ending a command ------------------------------------------
+
+
+def test_cancel_of_a_streaming_chat_reaches_the_provider(
+    console: Console, client: ConsoleClient
+) -> None:
+    since = console.sim.simulator.event_log.next_seq
+    id = client.run("chat tell me a long story")
+    client.wait_for(lambda f: f["type"] == "output" and f["id"] == id and f["stream"] == "token")
+    requests_before = sim_requests(console)
+    client.cancel(id)
+    complete = client.complete(id)
+
+    assert_clean_cut(complete, "user")
+    assert complete["usage"]["completion_tokens"] >= 1
+    assert complete["usage"]["requests"] == 1
+    closed = console.sim.wait_for_event("peer_closed", since=since)
+    assert closed.detail["t_disconnect"] <= complete["_received"]
+    # Nothing after the complete, and no request after the cancel.
+    after = client.run("sleep 0")
+    client.complete(after)
+    assert client.of(id)[-1]["type"] == "complete"
+    assert sim_requests(console) == requests_before
+
+
+def test_timeout_ends_the_command_as_timeout(console: Console, client: ConsoleClient) -> None:
+    since = console.sim.simulator.event_log.next_seq
+    id = client.run("chat go on forever", timeout=0.5)
+    complete = client.complete(id)
+    assert_clean_cut(complete, "timeout", status="timeout")
+    console.sim.wait_for_event("peer_closed", since=since)
+
+
+def test_a_command_timeout_is_capped_by_the_server(tmp_path: Path) -> None:
+    with running_console(tmp_path, command_timeout=0.3) as running, running.client() as c:
+        id = c.run("sleep 30", timeout=1000)
+        complete = c.complete(id)
+    assert complete["status"] == "timeout"
+    assert complete["lifecycle"]["worker_exited"] is True
+
+
+def test_an_aborted_connection_cancels_its_commands(console: Console) -> None:
+    since = console.sim.simulator.event_log.next_seq
+    c = ConsoleClient(console.server.ws_url)
+    id = c.run("chat a long one please")
+    c.wait_output(id)
+    c.run("sleep 30")
+    assert health(console)["workers"]["busy"] == 2
+    # No close handshake: the TCP connection just ends.
+    c.ws.socket.shutdown(socket.SHUT_RDWR)
+    c.close()
+
+    console.sim.wait_for_event("peer_closed", since=since)
+    idle = wait_health(console, lambda h: h["workers"]["busy"] == 0 and h["requests"]["open"] == 0)
+    assert idle["workers"] == {"max": 4, "busy": 0, "queued": 0, "leaked": 0}
+    assert idle["requests"]["open"] == 0
+    metrics = httpx.get(
+        console.server.url + "metrics", headers={"Authorization": f"Bearer {console.server.token}"}
+    ).text
+    assert 'wirecut_commands_total{reason="disconnect",status="cancelled"} 2.0' in metrics
+
+
+def test_a_queued_command_cancelled_never_runs(tmp_path: Path) -> None:
+    with running_console(tmp_path, workers=1) as running, running.client() as c:
+        blocker = c.run("sleep 30")
+        c.wait_for(lambda f: f["type"] == "started" and f["id"] == blocker)
+        queued = c.run("chat hello")
+        accepted = c.wait_for(lambda f: f["type"] == "accepted" and f["id"] == queued)
+        assert accepted["queued"] is True
+        c.cancel(queued)
+        complete = c.complete(queued)
+        c.cancel(blocker)
+        c.complete(blocker)
+        requests = len(running.sim.requests())
+
+    assert complete["status"] == "cancelled"
+    assert complete["lifecycle"]["started"] is False
+    assert complete["lifecycle"]["worker_exited"] is True
+    assert [f["type"] for f in c.of(queued)] == ["accepted", "complete"]
+    assert requests == 0
+
+
+def test_cancel_racing_run_gives_each_id_exactly_one_complete(
+    console: Console, client: ConsoleClient
+) -> None:
+    lines = ["sleep 0", "sleep 10", "chat hi", "help", "nope", "sleep 0.01"]
+    ids = []
+    for n in range(120):
+        id = client.run(lines[n % len(lines)], id=f"r{n}")
+        if n % 3 != 2:  # mostly cancel at once; sometimes let it be
+            client.cancel(id)
+        ids.append(id)
+    for id in ids:
+        if client.complete(id)["status"] not in ("ok", "error", "cancelled"):
+            raise AssertionError(client.of(id))
+    # Sequence point: every frame of the earlier ids is in by now.
+    client.complete(client.run("sleep 0", id="last"))
+
+    for id in ids:
+        frames = client.of(id)
+        kinds = [f["type"] for f in frames if f["type"] != "error"]
+        assert kinds.count("complete") == 1, frames
+        assert kinds[-1] == "complete", frames
+        assert kinds[0] == "accepted", frames
+    # The ones left alone that would run forever were cancelled by nobody: cancel them now.
+    client.cancel()
+
+
+def test_a_worker_that_ignores_the_cut_is_reported_leaked_and_replaced(tmp_path: Path) -> None:
+    _stubborn_release.clear()
+    try:
+        with (
+            running_console(tmp_path, workers=1, unwind_timeout=0.5, escalate_after=0.1) as running,
+            running.client() as c,
+        ):
+            id = c.run("test-stubborn")
+            c.wait_output(id)
+            c.cancel(id)
+            complete = c.complete(id)
+            leaked = health(running)
+            # The pool still has its one worker for new commands.
+            after = c.complete(c.run("sleep 0"))
+            _stubborn_release.set()
+            released = wait_health(running, lambda h: h["workers"]["leaked"] == 0)
+            c.complete(c.run("sleep 0"))  # a sequence point after the late write
+            metrics = httpx.get(
+                running.server.url + "metrics", params={"token": running.server.token}
+            ).text
+    finally:
+        _stubborn_release.set()
+
+    assert complete["status"] == "cancelled"
+    assert complete["lifecycle"]["worker_exited"] is False
+    assert complete["lifecycle"]["open_threads"] == 1
+    assert "escalated" in [step["event"] for step in complete["lifecycle"]["timeline"]]
+    assert leaked["workers"]["leaked"] == 1
+    assert leaked["workers"]["busy"] == 1
+    assert after["status"] == "ok"
+    assert released["workers"]["leaked"] == 0
+    assert c.of(id)[-1]["type"] == "complete"
+    assert "output after my complete" not in c.output(id)
+    dropped = len("output after my complete\n")
+    assert f"wirecut_output_dropped_characters_total {float(dropped)}" in metrics
+
+
+def test_print_in_a_command_reaches_its_own_output(console: Console, client: ConsoleClient) -> None:
+    _print_barrier.reset()
+    # pytest puts its own sys.stdout in place for each test: route again on top of it.
+    with route_stdio():
+        a = client.run("test-print a")
+        b = client.run("test-print b")
+        client.complete(a)
+        client.complete(b)
+    assert client.output(a) == "<a>\n" * 50
+    assert client.output(b) == "<b>\n" * 50
+
+
+def test_the_complete_waits_for_a_process_in_its_kill_grace(
+    console: Console, client: ConsoleClient
+) -> None:
+    id = client.run("test-orphan")
+    client.wait_output(id)
+    client.cancel(id)
+    complete = client.complete(id)
+    assert_clean_cut(complete, "user")
+    # The worker returned at once; the complete waited for the group's SIGKILL.
+    assert "processes_killed" in [step["event"] for step in complete["lifecycle"]["timeline"]]
+
+
+def test_usage_errors_complete_as_errors(console: Console, client: ConsoleClient) -> None:
+    for line, message, started in [
+        ("nope", "unknown command 'nope'", False),
+        ('chat "unclosed', "cannot parse", False),
+        ("", "empty line", False),
+        ("memory frobnicate", "unknown memory command", False),
+        ("sleep", "usage: sleep SECONDS", True),
+        ("sleep forever", "not a number", True),
+        ("sleep nan", "finite", True),
+    ]:
+        complete = client.complete(client.run(line))
+        assert complete["status"] == "error"
+        assert message in complete["error"]
+        assert complete["lifecycle"]["started"] is started
+
+
+def test_jobs_lists_this_connections_commands(console: Console, client: ConsoleClient) -> None:
+    sleeper = client.run("sleep 30", id="sleeper")
+    client.wait_for(lambda f: f["type"] == "started" and f["id"] == sleeper)
+    jobs = client.run("jobs")
+    client.complete(jobs)
+    with console.client() as other:
+        other_jobs = other.complete(other.run("jobs"))
+        assert "sleeper" not in other.output(other_jobs["id"])
+    client.cancel(sleeper)
+    client.complete(sleeper)
+    assert "sleeper" in client.output(jobs)
+    assert "sleep 30" in client.output(jobs)
+
+
+def test_chat_keeps_the_connections_history(tmp_path: Path) -> None:
+    seen: list[list[str]] = []
+
+    def responder(body: dict[str, Any]) -> dict[str, Any]:
+        seen.append([m["role"] for m in body["messages"]])
+        return {"content": "noted"}
+
+    with running_console(tmp_path, responder=responder) as running, running.client() as c:
+        for line in ("chat first", "chat second", "chat --new", "chat third"):
+            assert c.complete(c.run(line))["status"] == "ok"
+        with running.client() as other:
+            assert other.complete(other.run("chat elsewhere"))["status"] == "ok"
+    assert seen == [
+        ["system", "user"],
+        ["system", "user", "assistant", "user"],
+        ["system", "user"],
+        ["system", "user"],
+    ]
+
+
+# -- the protocol's bad frames -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("frame", "message"),
+    [
+        ("not json", "not JSON"),
+        ("[1, 2]", "JSON object"),
+        ('{"id": "x"}', "'type' is missing"),
+        ('{"type": "launch"}', "unknown type 'launch'"),
+        ('{"type": "run", "id": 7, "line": "help"}', "'id' must be a string"),
+        ('{"type": "run", "id": "", "line": "help"}', "1 to 64"),
+        ('{"type": "run", "id": "' + "x" * 65 + '", "line": "help"}', "1 to 64"),
+        ('{"type": "run", "line": 3}', "'line' is missing or not a string"),
+        ('{"type": "run", "line": "help", "timeout": "1"}', "'timeout' must be a number"),
+        ('{"type": "run", "line": "help", "timeout": -1}', "> 0"),
+        ('{"type": "run", "line": "help", "timeout": true}', "'timeout' must be a number"),
+        ('{"type": "run", "line": "help", "shell": true}', "unknown field"),
+        ('{"type": "cancel", "id": "ghost"}', "no live command with id 'ghost'"),
+        ('{"type": "confirm", "id": "ghost"}', "no live command with id 'ghost'"),
+        ('{"type": "confirm"}', "'id' is required"),
+        ('{"type": "run", "line": "' + "x" * 70_000 + '"}', "frame too large"),
+    ],
+)
+def test_a_bad_frame_gets_an_error_and_the_connection_stays(
+    client: ConsoleClient, frame: str, message: str
+) -> None:
+    client.send(frame)
+    error = client.wait_for(lambda f: f["type"] == "error")
+    assert message in error["message"]
+    client.send({"type": "ping"})
+    client.wait_for(lambda f: f["type"] == "pong")
+    assert client.complete(client.run("sleep 0"))["status"] == "ok"
+
+
+def test_a_binary_frame_gets_an_error(client: ConsoleClient) -> None:
+    client.ws.send(b"\x00\x01")
+    error = client.wait_for(lambda f: f["type"] == "error")
+    assert "binary" in error["message"]
+    client.send({"type": "ping"})
+    client.wait_for(lambda f: f["type"] == "pong")
+
+
+def test_a_duplicate_live_id_is_an_error(client: ConsoleClient) -> None:
+    client.run("sleep 30", id="dup")
+    client.run("sleep 0", id="dup")
+    error = client.wait_for(lambda f: f["type"] == "error")
+    assert error["id"] == "dup"
+    assert "already live" in error["message"]
+    client.cancel("dup")
+    complete = client.complete("dup")
+    assert complete["status"] == "cancelled"
+    # Once complete, the id may be used again.
+    assert client.complete(client.run("sleep 0", id="dup2"))["status"] == "ok"
+
+
+def test_confirm_for_a_command_not_waiting_is_an_error(client: ConsoleClient) -> None:
+    id = client.run("sleep 30")
+    client.wait_for(lambda f: f["type"] == "started" and f["id"] == id)
+    client.send({"type": "confirm", "id": id})
+    error = client.wait_for(lambda f: f["type"] == "error")
+    assert "not waiting for a confirmation" in error["message"]
+    client.cancel(id)
+    client.complete(id)
+
+
+def test_cancel_without_id_cancels_every_command(client: ConsoleClient) -> None:
+    ids = [client.run("sleep 30") for _ in range(3)]
+    for id in ids:
+        client.wait_for(lambda f, id=id: f["type"] == "started" and f["id"] == id)
+    client.cancel()
+    for id in ids:
+        assert client.complete(id)["reason"] == "user"
+
+
+def test_an_id_is_assigned_when_the_client_gives_none(client: ConsoleClient) -> None:
+    client.send({"type": "run", "line": "sleep 0"})
+    accepted = client.wait_for(lambda f: f["type"] == "accepted")
+    assert accepted["id"]
+    assert client.complete(accepted["id"])["status"] == "ok"
+
+
+# -- authentication and origin -----------------------------------------------------------
+
+
+def _close_code(url: str, **kwargs: Any) -> int | None:
+    with connect(url, **kwargs) as ws:
+        try:
+            ws.recv(timeout=5)
+        except ConnectionClosed as exc:
+            return exc.rcvd.code if exc.rcvd else None
+    return None
+
+
+def test_a_wrong_or_missing_token_closes_4401(console: Console) -> None:
+    base = console.server.ws_url.split("?")[0]
+    assert _close_code(base) == 4401
+    assert _close_code(base + "?token=wrong") == 4401
+    assert _close_code(base, additional_headers={"Authorization": "Bearer nope"}) == 4401
+
+
+def test_the_token_may_come_as_a_bearer_header(console: Console) -> None:
+    base = console.server.ws_url.split("?")[0]
+    headers = {"Authorization": f"Bearer {console.server.token}"}
+    with ConsoleClient(base, additional_headers=headers) as c:
+        assert c.ready["prompt"] == "wirecut> "
+
+
+def test_a_foreign_origin_closes_4403(console: Console) -> None:
+    assert _close_code(console.server.ws_url, origin="http://evil.example") == 4403
+    own = console.server.url.rstrip("/")
+    with ConsoleClient(console.server.ws_url, origin=own) as c:
+        assert c.ready["type"] == "ready"
+
+
+def test_health_and_metrics_want_the_token(console: Console) -> None:
+    for path in ("api/health", "metrics"):
+        assert httpx.get(console.server.url + path).status_code == 401
+        assert httpx.get(console.server.url + path, params={"token": "x"}).status_code == 401
+    ok = httpx.get(console.server.url + "api/health", params={"token": console.server.token})
+    assert ok.json() == {
+        "status": "ok",
+        "workers": {"max": 4, "busy": 0, "queued": 0, "leaked": 0},
+        "requests": {"open": 0},
+        "processes": {"open": 0},
+    }
+
+
+# -- wirecut serve as a program ----------------------------------------------------------
+
+
+def _serve(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wirecut",
+            "serve",
+            "--port",
+            "0",
+            "--data-dir",
+            str(tmp_path),
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def test_sigterm_completes_every_command_with_shutdown_and_exits_0(tmp_path: Path) -> None:
+    config = SimConfig(slots=2, tokens_per_second=200, prompt_ms=5, endless=True)
+    with SimulatorServer(config) as sim:
+        with _serve(tmp_path, "--provider-url", sim.base_url) as proc:
+            try:
+                assert proc.stdout is not None
+                banner = proc.stdout.readline().strip()
+                assert banner.startswith("wirecut console: http://127.0.0.1:")
+                info = json.loads((tmp_path / "serve.json").read_text())
+                assert (tmp_path / "serve.json").stat().st_mode & 0o777 == 0o600
+                assert banner == f"wirecut console: {info['url']}?token={info['token']}"
+                ws_url = info["url"].replace("http://", "ws://") + "api/console"
+                with ConsoleClient(f"{ws_url}?token={info['token']}") as c:
+                    chat = c.run("chat go")
+                    c.wait_output(chat)
+                    sleeper = c.run("sleep 60")
+                    c.wait_for(lambda f: f["type"] == "started" and f["id"] == sleeper)
+                    proc.send_signal(signal.SIGTERM)
+                    completes = [c.complete(chat), c.complete(sleeper)]
+                assert proc.wait(20) == 0
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+        sim.wait_for_event("peer_closed")
+    for complete in completes:
+        assert_clean_cut(complete, "shutdown")
+    assert not (tmp_path / "serve.json").exists()
+    # Nothing of its process group is left.
+    assert _group_members(proc.pid) == []
+
+
+def test_no_token_is_refused_off_loopback(tmp_path: Path) -> None:
+    with _serve(tmp_path, "--host", "0.0.0.0", "--no-token") as proc:
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 2
+    assert "--no-token is refused" in err
+    assert "Traceback" not in err
+
+
+def test_an_unwritable_data_dir_is_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "wirecut", "serve", "--data-dir", "/proc/nonexistent"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert proc.returncode == 2
+    assert "cannot be used" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def _group_members(pgid: int) -> list[int]:
+    members = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(name))
+    return members
