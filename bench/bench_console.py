@@ -1,0 +1,204 @@
+"""Benchmark the console's cancel: through a real server, a real WebSocket and the simulator.
+
+Run: ``python bench/bench_console.py [--samples 192]``. For each concurrency
+(1, 16, 64 commands at once) it starts ``chat`` commands on one connection,
+waits until every one of them is streaming tokens, sends a ``cancel`` for each
+in one burst, and measures:
+
+- cancel -> ``complete``: from sending the cancel frame to receiving that
+  command's ``complete`` (the worker has returned by then: ``worker_exited``);
+- cancel -> provider close: from sending the cancel to the moment the
+  simulator saw the connection close (``t_disconnect`` in ``/sim/events``:
+  ``time.monotonic()`` is CLOCK_MONOTONIC, one clock for every process of
+  the machine). The k-th cancel of a burst is paired with the k-th close the
+  simulator saw;
+- workers leaked (``/api/health`` after each burst).
+
+Three processes, as in a deployment: the simulator (``wirecut provider``),
+the console (``wirecut serve``) and this client. Prints a Markdown table;
+asserts nothing (targets at 64: cancel -> complete p99 < 100 ms, cancel ->
+provider close p99 < 50 ms, 0 leaked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from _console import ConsoleClient
+
+CONCURRENCY = (1, 16, 64)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+class Process:
+    """A ``wirecut`` subcommand whose first stdout line names its URL."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "wirecut", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip().split(": ", 1)[1].split(" ")[0]
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            assert self.proc.stdout is not None
+            self.proc.stdout.close()
+
+
+def sim_closes(sim_root: str, since: int, count: int) -> list[float]:
+    """``t_disconnect`` of the next ``count`` peer_closed events (polled: another process)."""
+    deadline = time.monotonic() + 10
+    while True:
+        events = httpx.get(f"{sim_root}/sim/events", params={"since": since}).json()
+        closes = [e["detail"]["t_disconnect"] for e in events if e["kind"] == "peer_closed"]
+        if len(closes) >= count or time.monotonic() > deadline:
+            return sorted(closes)[:count]
+        time.sleep(0.05)
+
+
+def next_seq(sim_root: str) -> int:
+    events = httpx.get(f"{sim_root}/sim/events", params={"since": 0}).json()
+    return int(events[-1]["seq"]) + 1 if events else 0
+
+
+def burst(
+    console_url: str, sim_root: str, client: ConsoleClient, n: int, rnd: int
+) -> dict[str, Any]:
+    since = next_seq(sim_root)
+    ids = [client.run("chat tell me everything", id=f"b{rnd}-{k}") for k in range(n)]
+    for id in ids:
+        client.wait_for(lambda f, id=id: f["type"] == "output" and f["id"] == id, 30)
+    cancelled_at = {}
+    for id in ids:
+        cancelled_at[id] = time.monotonic()
+        client.cancel(id)
+    completes = {id: client.complete(id, 60) for id in ids}
+    closes = sim_closes(sim_root, since, n)
+    token = console_url.split("token=")[1]
+    health = httpx.get(console_url.split("?")[0] + "api/health", params={"token": token}).json()
+    return {
+        "to_complete": [(completes[id]["_received"] - cancelled_at[id]) * 1000 for id in ids],
+        "to_close": [
+            (close - cancelled_at[id]) * 1000 for close, id in zip(closes, ids, strict=False)
+        ],
+        "never": n - len(closes),
+        "exited": sum(1 for c in completes.values() if c["lifecycle"]["worker_exited"]),
+        "leaked": health["workers"]["leaked"],
+    }
+
+
+def run(samples: int) -> list[dict[str, Any]]:
+    rows = []
+    for n in CONCURRENCY:
+        sim = Process(
+            "provider",
+            "--port",
+            "0",
+            "--slots",
+            str(n),
+            "--endless",
+            "--tokens-per-second",
+            "50",
+            "--prompt-ms",
+            "5",
+        )
+        sim_root = sim.url.removesuffix("/v1")
+        with tempfile.TemporaryDirectory() as tmp:
+            console = Process(
+                "serve",
+                "--port",
+                "0",
+                "--workers",
+                str(n),
+                "--data-dir",
+                tmp,
+                "--provider-url",
+                sim.url,
+            )
+            ws_url = console.url.replace("http://", "ws://").replace(
+                "/?token=", "/api/console?token="
+            )
+            try:
+                with ConsoleClient(ws_url) as client:
+                    to_complete: list[float] = []
+                    to_close: list[float] = []
+                    exited = leaked = never = trials = 0
+                    for rnd in range(max(3, samples // n)):
+                        result = burst(console.url, sim_root, client, n, rnd)
+                        to_complete += result["to_complete"]
+                        to_close += result["to_close"]
+                        never += result["never"]
+                        exited += result["exited"]
+                        leaked = max(leaked, result["leaked"])
+                        trials += n
+            finally:
+                console.stop()
+                sim.stop()
+        rows.append(
+            {
+                "concurrency": n,
+                "trials": trials,
+                "complete_p50": statistics.median(to_complete),
+                "complete_p99": percentile(to_complete, 99),
+                "close_p50": statistics.median(to_close),
+                "close_p99": percentile(to_close, 99),
+                "never": never,
+                "worker_exited": exited,
+                "leaked": leaked,
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--samples", type=int, default=192, help="cancels per concurrency")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
+    args = parser.parse_args()
+    rows = run(args.samples)
+    print(
+        "| commands at once | trials | cancel -> complete p50 | p99 "
+        "| cancel -> provider close p50 | p99 | close never seen | worker exited | leaked |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(
+            f"| {row['concurrency']} | {row['trials']} | {row['complete_p50']:.2f} ms "
+            f"| {row['complete_p99']:.2f} ms | {row['close_p50']:.2f} ms "
+            f"| {row['close_p99']:.2f} ms | {row['never']} "
+            f"| {row['worker_exited']}/{row['trials']} | {row['leaked']} |"
+        )
+    if args.json:
+        print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
