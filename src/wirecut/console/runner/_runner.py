@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from wirecut.console.commands import (
     Command,
@@ -37,13 +37,14 @@ from wirecut.console.commands import (
     Stream,
     parse,
 )
+from wirecut.console.runner._contract import CommandSink, RunnerObserver
 from wirecut.console.runner._lifecycle import CommandEvent, CommandLifecycle, CommandState
 from wirecut.console.runner._output import OutputBuffer, bind_output
 from wirecut.console.runner._pool import WorkerPool
 from wirecut.provider import ProviderError, Usage
 from wirecut.scope import Interrupted, InterruptScope
 
-__all__ = ["CommandRunner", "CommandSink", "RunnerObserver", "RunningCommand"]
+__all__ = ["CommandRunner", "RunningCommand"]
 
 _log = logging.getLogger("wirecut.console")
 
@@ -57,28 +58,8 @@ STATUS_BY_REASON = {
 }
 
 
-class CommandSink(Protocol):
-    """Where a command's news goes; every method is called on the runner's event loop."""
-
-    def started(self, command: RunningCommand) -> None: ...
-
-    def output(self, command: RunningCommand, stream: Stream, data: str) -> None: ...
-
-    def confirm_required(self, command: RunningCommand, message: str) -> None: ...
-
-    def complete(self, command: RunningCommand, facts: dict[str, Any]) -> None: ...
-
-
-class RunnerObserver(Protocol):
-    """What the runner reports for metrics; called on the event loop."""
-
-    def completed(self, command: RunningCommand, facts: dict[str, Any]) -> None: ...
-
-    def output_dropped(self, characters: int) -> None: ...
-
-
 class _NoObserver:
-    def completed(self, command: RunningCommand, facts: dict[str, Any]) -> None:
+    def completed(self, facts: dict[str, Any], cancel_to_complete_ms: float | None) -> None:
         pass
 
     def output_dropped(self, characters: int) -> None:
@@ -178,6 +159,11 @@ class CommandRunner:
     def new_id(self) -> str:
         """An id for a run frame that came without one."""
         return f"s{next(self._ids)}"
+
+    @property
+    def saturated(self) -> bool:
+        """True when a command submitted now would wait for a worker."""
+        return self.pool.saturated
 
     def submit(
         self,
@@ -359,7 +345,11 @@ class CommandRunner:
         if not command.leaked:  # A leaked one stays counted until its worker exits.
             self._commands.discard(command)
         command.sink.complete(command, facts)
-        self.observer.completed(command, facts)
+        cancelled_at = command.scope.cancelled_at
+        to_complete = None
+        if command.reason is not None and cancelled_at is not None:
+            to_complete = (command.completed_at - cancelled_at) * 1000
+        self.observer.completed(facts, to_complete)
 
     def _facts(self, command: RunningCommand, status: str, error: str | None) -> dict[str, Any]:
         scope = command.scope

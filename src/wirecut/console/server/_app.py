@@ -27,7 +27,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
-from wirecut.console.runner import CommandRunner, route_stdio
+from wirecut.console.runner import Runner, route_stdio
 from wirecut.console.server._connection import Connection
 from wirecut.console.server._metrics import CONTENT_TYPE, ConsoleMetrics
 
@@ -53,7 +53,7 @@ _SECURITY_HEADERS = {
 class ConsoleState:
     """What the app serves: the runner, its metrics, and the token (None: none required)."""
 
-    runner: CommandRunner
+    runner: Runner
     metrics: ConsoleMetrics
     token: str | None
     connections: set[Connection] = field(default_factory=set)

@@ -19,7 +19,7 @@ from starlette.websockets import WebSocket
 
 from wirecut import __version__
 from wirecut.console.commands import Session, Stream
-from wirecut.console.runner import CommandRunner, CommandState, RunningCommand
+from wirecut.console.runner import CommandRecord, CommandState, Runner
 from wirecut.console.server._frames import Cancel, Confirm, FrameError, Ping, Run, parse_frame
 
 __all__ = ["MAX_LIVE_COMMANDS", "PROMPT", "Connection"]
@@ -34,11 +34,11 @@ MAX_LIVE_COMMANDS = 256
 class Connection:
     """The server side of one console connection. Event loop only."""
 
-    def __init__(self, websocket: WebSocket, runner: CommandRunner) -> None:
+    def __init__(self, websocket: WebSocket, runner: Runner) -> None:
         self.websocket = websocket
         self.runner = runner
         self.session = Session(jobs=self._jobs_threadsafe)
-        self._commands: dict[str, RunningCommand] = {}  # live ones, by the client's id
+        self._commands: dict[str, CommandRecord] = {}  # live ones, by the client's id
         self._outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
         self._sender: asyncio.Task[None] | None = None
@@ -101,7 +101,7 @@ class Connection:
                 f"too many live commands on this connection (at most {MAX_LIVE_COMMANDS})", id
             )
             return
-        queued = self.runner.pool.saturated
+        queued = self.runner.saturated
         try:
             command = self.runner.submit(id, frame.line, self.session, self, timeout=frame.timeout)
         except RuntimeError as exc:  # shutting down
@@ -130,16 +130,16 @@ class Connection:
 
     # -- CommandSink (the runner's news) --------------------------------------------------
 
-    def started(self, command: RunningCommand) -> None:
+    def started(self, command: CommandRecord) -> None:
         self.send({"type": "started", "id": command.id})
 
-    def output(self, command: RunningCommand, stream: Stream, data: str) -> None:
+    def output(self, command: CommandRecord, stream: Stream, data: str) -> None:
         self.send({"type": "output", "id": command.id, "stream": stream, "data": data})
 
-    def confirm_required(self, command: RunningCommand, message: str) -> None:
+    def confirm_required(self, command: CommandRecord, message: str) -> None:
         self.send({"type": "confirm_required", "id": command.id, "message": message})
 
-    def complete(self, command: RunningCommand, facts: dict[str, Any]) -> None:
+    def complete(self, command: CommandRecord, facts: dict[str, Any]) -> None:
         if self._commands.get(command.id) is command:
             del self._commands[command.id]
         self.send({"type": "complete", "id": command.id, **facts})
@@ -176,7 +176,7 @@ class Connection:
         ]
 
 
-def _job_state(command: RunningCommand) -> str:
+def _job_state(command: CommandRecord) -> str:
     state = command.state
     if state is CommandState.QUEUED:
         return "queued"

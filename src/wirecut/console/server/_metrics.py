@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from wirecut.console.runner import CommandRunner, RunningCommand
+from wirecut.console.runner import Runner
 
 __all__ = ["CONTENT_TYPE", "ConsoleMetrics"]
 
@@ -56,25 +56,23 @@ class ConsoleMetrics:
             "Output a worker wrote after its command's complete (dropped, never sent).",
             registry=self.registry,
         )
-        self._runner: CommandRunner | None = None
+        self._runner: Runner | None = None
         self.registry.register(_HealthCollector(self))
 
-    def attach(self, runner: CommandRunner) -> None:
+    def attach(self, runner: Runner) -> None:
         self._runner = runner
 
     # -- RunnerObserver -------------------------------------------------------------
 
-    def completed(self, command: RunningCommand, facts: dict[str, Any]) -> None:
+    def completed(self, facts: dict[str, Any], cancel_to_complete_ms: float | None) -> None:
         self.commands.labels(facts["status"], facts["reason"] or "none").inc()
         lifecycle = facts["lifecycle"]
-        timeline = lifecycle.get("timeline")
-        cancelled_at, completed_at = command.scope.cancelled_at, command.completed_at
-        if timeline is not None and cancelled_at is not None and completed_at is not None:
-            self.cancel_to_complete.observe(max(0.0, (completed_at - cancelled_at) * 1000))
-            for step in timeline:
-                if step["event"] == "sockets_shut":
-                    self.cancel_to_provider_close.observe(step["ms"])
-                    break
+        if cancel_to_complete_ms is not None:
+            self.cancel_to_complete.observe(max(0.0, cancel_to_complete_ms))
+        for step in lifecycle.get("timeline") or ():
+            if step["event"] == "sockets_shut":
+                self.cancel_to_provider_close.observe(step["ms"])
+                break
         if lifecycle["worker_exited"] is False:
             self.leaked_total.inc()
 
