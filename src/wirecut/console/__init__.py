@@ -3,5 +3,6 @@
 ``runner`` owns the worker threads, the futures and the scopes (it knows
 nothing about WebSockets); ``commands`` holds the registry, the parser and
 the built-in commands; ``server`` is the Starlette app (``/api/console``,
-``/api/health``, ``/metrics``, the web page) that ``wirecut serve`` runs.
+``/api/health``, ``/metrics``, the web page) that ``wirecut serve`` runs;
+``terminal`` is the ``wirecut console`` client, which speaks only the protocol.
 """

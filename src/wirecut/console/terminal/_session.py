@@ -1,0 +1,280 @@
+"""Running one line at a time on a link: its frames shown, Ctrl+C turned into a cancel.
+
+``TerminalSession.run(line)`` submits the line and follows its frames until
+its ``complete``, which it returns. ``interrupt()`` is what Ctrl+C does while
+a line runs (the caller wires it to SIGINT): the first sends ``cancel`` for
+that id; the second says the cancel is on its way; the third leaves without
+waiting, by closing the connection (which cancels the command on the server
+too). A ``confirm_required`` is put to the ``Asker``; "no" sends a cancel
+for that id.
+
+Event loop only: ``run`` and ``interrupt`` run on the loop that owns the link
+(``interrupt`` from ``loop.add_signal_handler``, never from a raw signal
+handler, since it sends frames).
+
+Cancellation: cancelling the task that awaits ``run`` stops following the
+command but sends nothing; the server keeps running it until this client
+cancels it or closes the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
+
+from wirecut.console.terminal._link import CommandChannel, Link, LinkError
+from wirecut.console.terminal._render import Renderer
+
+__all__ = [
+    "EXIT_CANCELLED",
+    "EXIT_ERROR",
+    "EXIT_OK",
+    "EXIT_TIMEOUT",
+    "Asker",
+    "TerminalSession",
+    "exit_code",
+]
+
+Frame = dict[str, Any]
+
+#: ``wirecut console -c`` exit codes, by the command's status (docs/protocol.md).
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_TIMEOUT = 124
+EXIT_CANCELLED = 130
+
+_EXIT_CODES = {"ok": EXIT_OK, "error": EXIT_ERROR, "timeout": EXIT_TIMEOUT}
+
+
+def exit_code(status: object) -> int:
+    """The exit code for a command that completed with ``status``."""
+    if status == "cancelled":
+        return EXIT_CANCELLED
+    return _EXIT_CODES.get(str(status), EXIT_ERROR)
+
+
+class Asker(Protocol):
+    """Puts a yes/no question to the user."""
+
+    async def ask(self, message: str) -> bool:
+        """True only for an explicit yes; Ctrl+C, Ctrl+D and anything else are no."""
+        ...
+
+    @property
+    def asking(self) -> bool:
+        """True while the question is on the screen (``abort`` then ends it)."""
+        ...
+
+    def abort(self) -> None:
+        """End the question on the screen with "no" (the command ended, or SIGINT came)."""
+        ...
+
+
+class TerminalSession:
+    """Runs lines one at a time on ``link`` and shows them with ``renderer``. Event loop only.
+
+    ``asker`` None: nobody to ask (stdin is not a terminal), so every
+    ``confirm_required`` is declined with a note saying how to run it anyway.
+    ``on_output`` sees every output frame's line and data (the REPL learns
+    command names from ``help``).
+    """
+
+    def __init__(
+        self,
+        link: Link,
+        renderer: Renderer,
+        asker: Asker | None,
+        *,
+        on_output: Callable[[str, str], None] = lambda line, data: None,
+    ) -> None:
+        self.link = link
+        self.renderer = renderer
+        self.asker = asker
+        self.on_output = on_output
+        #: True once a third Ctrl+C closed the connection without waiting.
+        self.abandoned = False
+        self._current: CommandChannel | None = None
+        #: The open question's task (a ``confirm_required`` being asked).
+        self._question: asyncio.Task[bool] | None = None
+        self._interrupts = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        link.on_stray = self._stray
+
+    async def run(self, line: str) -> Frame:
+        """Submit ``line`` and show it until its ``complete``, which is returned.
+
+        A run the server refused (an ``error`` frame instead of ``accepted``)
+        returns a made-up complete with status "error". Raises ``LinkError``
+        when the connection is lost first.
+        """
+        channel = await self.link.submit(line)
+        self._current = channel
+        self._interrupts = 0
+        try:
+            return await self._follow(channel)
+        finally:
+            self._current = None
+            self.renderer.finish()
+
+    def interrupt(self) -> bool:
+        """Ctrl+C: cancel the running line (see the module docstring); False if none runs."""
+        channel = self._current
+        if channel is None:
+            return False
+        if self._question is not None:
+            self._end_question()  # Answers "no", which cancels.
+            return True
+        self._interrupts += 1
+        if channel.cancel_sent_at is None:
+            self._cancel(channel)
+        elif self._interrupts == 2:
+            self.renderer.warn(
+                "cancel sent; waiting for the server to report the unwind "
+                "(Ctrl+C again leaves without waiting)"
+            )
+        else:
+            self.abandoned = True
+            self._spawn(self.link.aclose())
+        return True
+
+    # -- following one command -----------------------------------------------------------
+
+    async def _follow(self, channel: CommandChannel) -> Frame:
+        loop = asyncio.get_running_loop()
+        held: list[Frame] = []  # frames that came while a question was open
+        next_frame: asyncio.Task[Frame] | None = None
+        try:
+            while True:
+                if next_frame is None:
+                    next_frame = loop.create_task(channel.next())
+                waiting: set[asyncio.Future[Any]] = {next_frame}
+                if self._question is not None:
+                    waiting.add(self._question)
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                question = self._question
+                if question is not None and question in done:
+                    self._question = None
+                    yes = not question.cancelled() and question.exception() is None
+                    await self._answer(channel, yes and question.result())
+                    for frame in held:
+                        self._show(channel, frame)
+                    held.clear()
+                    continue
+                if next_frame not in done:
+                    continue
+                try:
+                    frame = next_frame.result()
+                except LinkError as exc:
+                    if self.abandoned:
+                        self.renderer.warn(
+                            "left without the server's report; closing the connection "
+                            "cancelled the command on the server"
+                        )
+                        return {"type": "complete", "id": channel.id, "status": "cancelled"}
+                    raise LinkError(f"{exc} while `{channel.line}` ran") from None
+                next_frame = None
+                kind = frame.get("type")
+                if question is not None:
+                    if kind != "complete":
+                        held.append(frame)
+                        continue
+                    # The command ended (its timeout, a shutdown) while the question was open.
+                    await self._close_question()
+                    for early in held:
+                        self._show(channel, early)
+                    held.clear()
+                if kind == "confirm_required":
+                    self._ask(channel, str(frame.get("message") or "confirm?"))
+                    continue
+                if kind == "complete":
+                    cancel_ms = None
+                    if channel.cancel_sent_at is not None:
+                        cancel_ms = (loop.time() - channel.cancel_sent_at) * 1000
+                    self.renderer.complete(frame, cancel_ms)
+                    return frame
+                if kind == "error" and not channel.accepted:
+                    message = str(frame.get("message"))
+                    refused = {"type": "complete", "id": channel.id, "status": "error"}
+                    refused["error"] = message
+                    self.renderer.complete(refused, None)
+                    return refused
+                self._show(channel, frame)
+        finally:
+            if next_frame is not None and not next_frame.done():
+                next_frame.cancel()
+            await self._close_question()
+
+    def _show(self, channel: CommandChannel, frame: Frame) -> None:
+        kind = frame.get("type")
+        if kind == "accepted" and frame.get("queued"):
+            self.renderer.note("queued: every worker is busy; it starts when one is free")
+        elif kind == "started":
+            self.renderer.started(channel.line, asyncio.get_running_loop())
+        elif kind == "output":
+            data = str(frame.get("data", ""))
+            self.renderer.output(str(frame.get("stream", "stdout")), data)
+            self.on_output(channel.line, data)
+        elif kind == "error":
+            self.renderer.warn(f"server: {frame.get('message')}")
+
+    def _stray(self, frame: Frame) -> None:
+        # An error for an id of ours that already completed is our cancel
+        # crossing its complete on the wire: nothing to tell the user.
+        if frame.get("type") == "error" and frame.get("id") is None:
+            self.renderer.warn(f"server: {frame.get('message')}")
+
+    def _ask(self, channel: CommandChannel, message: str) -> None:
+        self.renderer.pause()
+        if self.asker is None:
+            self.renderer.warn(
+                f"{message.rstrip()}\nnot confirmed: there is no terminal to ask on "
+                "(add --yes to the command to run it without asking)"
+            )
+            self._cancel(channel)
+            return
+        self._question = asyncio.get_running_loop().create_task(self.asker.ask(message))
+
+    def _end_question(self) -> None:
+        """Make the open question end with "no", whether or not it is on the screen yet."""
+        question = self._question
+        if question is None or question.done():
+            return
+        assert self.asker is not None
+        if self.asker.asking:
+            self.asker.abort()
+        else:
+            question.cancel()  # Not started yet: it never shows.
+
+    async def _close_question(self) -> None:
+        question = self._question
+        if question is None:
+            return
+        self._end_question()
+        self._question = None
+        # wait() rather than await: the question's own end (cancelled, "no") is not an error.
+        await asyncio.wait({question})
+
+    async def _answer(self, channel: CommandChannel, yes: bool) -> None:
+        if yes:
+            await self.link.confirm(channel.id)
+            self.renderer.started(channel.line, asyncio.get_running_loop())
+        else:
+            self.renderer.note("not confirmed: cancelling")
+            self._cancel(channel)
+
+    def _cancel(self, channel: CommandChannel) -> None:
+        channel.cancel_sent_at = asyncio.get_running_loop().time()
+        self.renderer.cancelling()
+        self._spawn(self.link.cancel(channel.id))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        async def quietly() -> None:
+            # A lost connection is reported by the link's reader, once.
+            with contextlib.suppress(LinkError):
+                await work
+
+        task = asyncio.get_running_loop().create_task(quietly())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

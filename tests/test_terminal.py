@@ -1,0 +1,535 @@
+"""``wirecut console``: the terminal client, driven as a person or a script drives it.
+
+Every client here is a real process (``python -m wirecut console``) on a
+pseudo-terminal (pexpect) or on pipes, talking to a real console server: one
+in this process (``running_console``: uvicorn and the simulator on loopback)
+or a ``wirecut serve`` subprocess. Every wait is pexpect's ``expect`` with a
+bound or a bounded ``communicate``, never a sleep. Before Ctrl+C the test
+waits for the client's "Ctrl+C cancels" line: it shows only once the
+command runs and the terminal is back in cooked mode, where ^C is SIGINT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pexpect
+import pytest
+from prompt_toolkit.completion import CompleteEvent
+from prompt_toolkit.document import Document
+from tests._console import Console, running_console
+
+from wirecut.console.terminal import (
+    EXIT_CANCELLED,
+    EXIT_TIMEOUT,
+    AddressError,
+    describe_complete,
+    exit_code,
+    from_url,
+    timeline_chart,
+)
+from wirecut.console.terminal._repl import CommandNames
+from wirecut.memory import NoteStore
+from wirecut.simulator import SimConfig, SimulatorServer
+from wirecut.simulator._words import WORDS
+
+BOUND = 15.0  # seconds for one expected thing to show up on a shared, noisy machine
+PROMPT = "wirecut>"  # prompt_toolkit moves the cursor instead of writing the trailing space
+#: ANSI styling that may sit between two words on a terminal.
+_ANSI = r"(?:\x1b\[[0-9;?]*[ -/]*[@-~])*"
+_GAP = _ANSI + r"[ ]+" + _ANSI
+#: A token of the simulator's reply.
+TOKEN = r"\b(?:" + "|".join(sorted(set(WORDS), key=len, reverse=True)) + ") "
+DAY = 24 * 3600.0
+
+
+def words(*parts: str) -> str:
+    """A regex for ``parts`` (regexes) separated by spaces, styled or not."""
+    return _GAP.join(parts)
+
+
+def one_line(stderr: str) -> str:
+    """The single line of ``stderr``; fails on a traceback or on more lines."""
+    lines = stderr.strip().splitlines()
+    assert "Traceback" not in stderr
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def server_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "server"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+@pytest.fixture
+def console(tmp_path: Path) -> Iterator[Console]:
+    with running_console(server_dir(tmp_path)) as running:
+        yield running
+
+
+@pytest.fixture
+def client_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "WIRECUT_TOKEN"}
+    env.update(
+        WIRECUT_DATA_DIR=str(tmp_path / "client"),
+        PROMPT_TOOLKIT_NO_CPR="1",  # pexpect does not answer cursor position requests
+        TERM="xterm-256color",
+        NO_COLOR="1",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+class Spawner:
+    """Starts ``wirecut console`` processes on pseudo-terminals and reaps them all."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.children: list[pexpect.spawn] = []
+
+    def __call__(self, *args: str, env: dict[str, str] | None = None) -> pexpect.spawn:
+        child = pexpect.spawn(
+            sys.executable,
+            ["-m", "wirecut", "console", *args],
+            env=env or self.env,
+            encoding="utf-8",
+            timeout=BOUND,
+            dimensions=(40, 200),
+        )
+        self.children.append(child)
+        return child
+
+    def close(self) -> None:
+        for child in self.children:
+            child.close(force=True)
+
+
+@pytest.fixture
+def spawn(client_env: dict[str, str]) -> Iterator[Spawner]:
+    spawner = Spawner(client_env)
+    yield spawner
+    spawner.close()
+
+
+def run_c(
+    url: str, line: str, env: dict[str, str], *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """``wirecut console URL -c LINE`` on pipes (no terminal), as a script runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "wirecut", "console", *([url] if url else []), *extra, "-c", line],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=BOUND,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+def health(console: Console) -> dict[str, Any]:
+    response = httpx.get(
+        console.server.url + "api/health",
+        headers={"Authorization": f"Bearer {console.server.token}"},
+        timeout=BOUND,
+    )
+    response.raise_for_status()
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def finish(child: pexpect.spawn) -> int:
+    """Wait (bounded) for ``child`` to end; its exit status."""
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus is not None, f"killed by signal {child.signalstatus}"
+    return int(child.exitstatus)
+
+
+# -- the REPL ---------------------------------------------------------------------------
+
+
+def test_repl_runs_commands_shows_their_output_and_keeps_history(
+    console: Console, spawn: Spawner, tmp_path: Path
+) -> None:
+    child = spawn(console.server.url + f"?token={console.server.token}")
+    child.expect(PROMPT)
+    child.sendline("memory add Groceries -- milk and bread")
+    child.expect(words("added", "note", "#1"))
+    child.expect(PROMPT)
+    child.sendline("memory list")
+    child.expect(words("#1", "active") + ".*Groceries")
+    child.expect(PROMPT)
+    child.sendline("nosuchcommand")
+    child.expect(words("error" + _ANSI + ":", "unknown", "command", "'nosuchcommand'"))
+    child.expect(PROMPT)
+    child.sendeof()  # Ctrl+D at an empty prompt leaves
+    assert finish(child) == 0
+    history = (tmp_path / "client" / "console_history").read_text()
+    assert "memory list" in history
+    assert "nosuchcommand" in history
+    assert (tmp_path / "client" / "console_history").stat().st_mode & 0o077 == 0
+
+
+def test_tab_completes_command_names(console: Console, spawn: Spawner) -> None:
+    child = spawn(console.server.url + f"?token={console.server.token}")
+    child.expect(PROMPT)
+    child.send("cur\t")
+    child.expect("curator")
+    child.send(" st\t")
+    child.expect("status")
+    child.send("\r")
+    child.expect(words("active:", r"\d+"))
+    child.expect(PROMPT)
+    child.sendeof()
+    assert finish(child) == 0
+
+
+def test_ctrl_c_cancels_a_running_sleep_and_the_server_frees_its_worker(
+    console: Console, spawn: Spawner
+) -> None:
+    child = spawn(console.server.url + f"?token={console.server.token}")
+    child.expect(PROMPT)
+    child.sendline("sleep 30")
+    child.expect(words(r"Ctrl\+C", "cancels"))
+    assert health(console)["workers"]["busy"] == 1
+    child.sendintr()
+    child.expect(words("cancelled", "in", r"[\d.]+", "m?s"))
+    child.expect(words("worker", "exited", "·", "0", "requests", "open"))
+    child.expect(words("cancel", "requested", r"0\.0", "ms"))
+    child.expect(PROMPT)
+    report = health(console)
+    assert report["workers"]["busy"] == 0
+    assert report["workers"]["leaked"] == 0
+    assert report["requests"]["open"] == 0
+    # The Ctrl+C that cancelled does not count toward leaving: the first one
+    # at the empty prompt only says how to leave, the second leaves.
+    child.sendintr()
+    child.expect(words(r"Ctrl\+C", "again"))
+    child.expect(PROMPT)
+    child.sendintr()
+    assert finish(child) == 0
+
+
+def test_ctrl_c_cancels_a_streaming_chat_and_reports_its_tokens(
+    console: Console, spawn: Spawner
+) -> None:
+    child = spawn(console.server.url + f"?token={console.server.token}")
+    child.expect(PROMPT)
+    child.sendline("chat hello")
+    child.expect("chat hello")
+    for _ in range(3):  # tokens show while the reply is still being written
+        child.expect(TOKEN)
+    assert health(console)["requests"]["open"] == 1
+    child.sendintr()
+    child.expect(words("cancelled", "in"))
+    child.expect(words("worker", "exited", "·", "0", "requests", "open", "·", r"(\d+)", "tokens"))
+    assert int(child.match.group(1)) >= 3
+    child.expect(words("cancel", "requested", r"0\.0", "ms"))
+    child.expect(words("worker", "exited", r"[\d.]+", "ms"))  # the timeline's last step
+    child.expect(PROMPT)
+    report = health(console)
+    assert report["workers"]["busy"] == 0
+    assert report["requests"]["open"] == 0
+    child.sendeof()
+    assert finish(child) == 0
+
+
+def _stale_candidate(console: Console) -> NoteStore:
+    """A store with one note unused for a year: a curator run wants to mark it stale."""
+    store = NoteStore.in_data_dir(console.data_dir)
+    store.add("Old", "not used for a year", now=time.time() - 365 * DAY)
+    return store
+
+
+def test_confirm_no_cancels_and_changes_nothing_yes_writes(
+    console: Console, spawn: Spawner
+) -> None:
+    store = _stale_candidate(console)
+    child = spawn(console.server.url + f"?token={console.server.token}")
+    child.expect(PROMPT)
+    child.sendline("curator run")
+    child.expect(r"\[y/N\]")
+    child.sendline("n")
+    child.expect(words("cancelled", "in"))
+    child.expect(PROMPT)
+    assert [note.state.value for note in store.notes()] == ["active"]
+    child.sendline("curator run")
+    child.expect(r"\[y/N\]")
+    child.sendline("y")
+    child.expect("done:")
+    child.expect(PROMPT)
+    assert [note.state.value for note in store.notes()] == ["stale"]
+    child.sendeof()
+    assert finish(child) == 0
+
+
+# -- -c: one line, for scripts -------------------------------------------------------------
+
+
+def test_c_prints_the_output_and_exits_0_for_ok_1_for_error(
+    console: Console, client_env: dict[str, str]
+) -> None:
+    url = console.server.url + f"?token={console.server.token}"
+    added = run_c(url, "memory add Title -- the body", client_env)
+    assert (added.returncode, added.stdout, added.stderr) == (0, "added note #1\n", "")
+    listed = run_c(url, "memory list", client_env)
+    assert listed.returncode == 0
+    assert re.fullmatch(r"#1 +active .* Title\n", listed.stdout)
+    failed = run_c(url, "memory show 99", client_env)
+    assert failed.returncode == 1
+    assert failed.stdout == ""
+    assert one_line(failed.stderr).startswith("error: ")
+
+
+def test_lines_piped_to_stdin_run_one_after_another(
+    console: Console, client_env: dict[str, str]
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "wirecut", "console", console.server.url],
+        env={**client_env, "WIRECUT_TOKEN": str(console.server.token)},
+        input="memory add One -- first\nmemory add Two -- second\n\nmemory list\n",
+        capture_output=True,
+        text=True,
+        timeout=BOUND,
+        check=False,
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+    lines = result.stdout.splitlines()
+    assert lines[:2] == ["added note #1", "added note #2"]
+    assert sorted(line.split()[-1] for line in lines[2:]) == ["One", "Two"]
+
+
+def test_c_without_a_terminal_declines_a_confirmation(
+    console: Console, client_env: dict[str, str]
+) -> None:
+    store = _stale_candidate(console)
+    url = console.server.url + f"?token={console.server.token}"
+    result = run_c(url, "curator run", client_env)
+    assert result.returncode == EXIT_CANCELLED
+    assert "not confirmed" in result.stderr
+    assert "--yes" in result.stderr
+    assert [note.state.value for note in store.notes()] == ["active"]
+    result = run_c(url, "curator run --yes", client_env)
+    assert result.returncode == 0
+    assert [note.state.value for note in store.notes()] == ["stale"]
+
+
+def test_c_sigint_cancels_the_command_and_exits_130(console: Console, spawn: Spawner) -> None:
+    child = spawn(console.server.url + f"?token={console.server.token}", "-c", "sleep 30")
+    child.expect(words(r"Ctrl\+C", "cancels"))
+    child.kill(signal.SIGINT)
+    child.expect(words("cancelled", "in"))
+    child.expect(words("worker", "exited"))
+    assert finish(child) == EXIT_CANCELLED
+    assert health(console)["workers"]["busy"] == 0
+
+
+def test_c_exits_124_when_the_command_times_out(tmp_path: Path, client_env: dict[str, str]) -> None:
+    with running_console(server_dir(tmp_path), command_timeout=0.5) as console:
+        url = console.server.url + f"?token={console.server.token}"
+        result = run_c(url, "sleep 30", client_env)
+        assert result.returncode == EXIT_TIMEOUT
+        assert result.stdout == ""
+        assert "timed out after" in result.stderr
+        assert "worker exited" in result.stderr
+        assert health(console)["workers"]["busy"] == 0
+
+
+def test_a_question_left_unanswered_ends_with_the_commands_timeout(
+    tmp_path: Path, spawn: Spawner
+) -> None:
+    with running_console(server_dir(tmp_path), command_timeout=1.0) as console:
+        store = _stale_candidate(console)
+        child = spawn(console.server.url + f"?token={console.server.token}")
+        child.expect(PROMPT)
+        child.sendline("curator run")
+        child.expect(r"\[y/N\]")
+        # Nobody answers: the timeout ends the command and takes the question down.
+        child.expect(words("timed", "out", "after"))
+        child.expect(PROMPT)
+        child.sendline("curator status")
+        child.expect(words("active:", "1"))
+        child.expect(PROMPT)
+        assert [note.state.value for note in store.notes()] == ["active"]
+        child.sendeof()
+        assert finish(child) == 0
+
+
+# -- finding the console, and failing clearly ----------------------------------------------
+
+
+def test_a_wrong_or_missing_token_is_one_clear_line_and_exit_1(
+    console: Console, client_env: dict[str, str]
+) -> None:
+    wrong = run_c(console.server.url + "?token=not-the-token", "memory list", client_env)
+    assert wrong.returncode == 1
+    assert "refused the token" in one_line(wrong.stderr)
+    assert "4401" in wrong.stderr
+    assert "not-the-token" not in wrong.stderr
+    missing = run_c(console.server.url, "memory list", client_env)
+    assert missing.returncode == 1
+    assert "wants a token" in one_line(missing.stderr)
+    from_env = run_c(
+        console.server.url,
+        "memory list",
+        {**client_env, "WIRECUT_TOKEN": str(console.server.token)},
+    )
+    assert (from_env.returncode, from_env.stderr) == (0, "")
+
+
+def test_no_server_is_one_clear_line_and_exit_1(client_env: dict[str, str]) -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = run_c(f"http://127.0.0.1:{port}/", "memory list", client_env)
+    assert result.returncode == 1
+    assert "no console at" in one_line(result.stderr)
+    assert "connection refused" in result.stderr
+
+
+def test_without_a_url_it_reads_serve_json(
+    console: Console, client_env: dict[str, str], tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    info = {"url": console.server.url, "token": console.server.token, "pid": os.getpid()}
+    (data / "serve.json").write_text(json.dumps(info))
+    result = run_c("", "memory add From -- serve.json", client_env, "--data-dir", str(data))
+    assert (result.returncode, result.stdout, result.stderr) == (0, "added note #1\n", "")
+
+
+def test_without_a_url_or_serve_json_it_says_so(client_env: dict[str, str], tmp_path: Path) -> None:
+    result = run_c("", "memory list", client_env, "--data-dir", str(tmp_path / "empty"))
+    assert result.returncode == 1
+    assert "serve.json does not exist" in one_line(result.stderr)
+
+
+def test_bad_usage_exits_2(client_env: dict[str, str]) -> None:
+    assert run_c("ftp://127.0.0.1/", "memory list", client_env).returncode == 2
+    assert run_c("http://127.0.0.1:1/", "  ", client_env).returncode == 2
+
+
+def test_a_dropped_connection_is_one_clear_line_and_exit_1(
+    tmp_path: Path, spawn: Spawner, client_env: dict[str, str]
+) -> None:
+    """A ``wirecut serve`` that is killed: the client learns it from the dead socket."""
+    data = tmp_path / "data"
+    config = SimConfig(slots=2, tokens_per_second=200, prompt_ms=5, endless=True)
+    with SimulatorServer(config) as sim:
+        server = pexpect.spawn(
+            sys.executable,
+            ["-m", "wirecut", "serve", "--port", "0", "--provider-url", sim.base_url],
+            env={**client_env, "WIRECUT_DATA_DIR": str(data)},
+            encoding="utf-8",
+            timeout=BOUND,
+        )
+        try:
+            server.expect(r"wirecut console: http://")
+            assert (data / "serve.json").stat().st_mode & 0o077 == 0
+            child = spawn("--data-dir", str(data))  # the URL and token from serve.json
+            child.expect(PROMPT)
+            child.sendline("sleep 30")
+            child.expect(words(r"Ctrl\+C", "cancels"))
+            server.kill(signal.SIGKILL)
+            child.expect(r"wirecut console: the connection to http://127\.0\.0\.1:\d+/ was lost")
+            child.expect("while `sleep 30` ran")
+            assert "Traceback" not in (child.before or "")
+            assert finish(child) == 1
+        finally:
+            server.close(force=True)
+
+
+# -- the pieces, without a terminal ---------------------------------------------------------
+
+
+def test_urls_as_serve_prints_them_or_as_websockets() -> None:
+    page = from_url("http://127.0.0.1:8765/?token=abc", env={})
+    assert page.ws_url == "ws://127.0.0.1:8765/api/console"
+    assert page.health_url == "http://127.0.0.1:8765/api/health"
+    assert (page.token, page.display) == ("abc", "http://127.0.0.1:8765/")
+    ws = from_url("wss://example.test/wirecut/api/console", env={"WIRECUT_TOKEN": "t"})
+    assert ws.ws_url == "wss://example.test/wirecut/api/console"
+    assert ws.health_url == "https://example.test/wirecut/api/health"
+    assert ws.token == "t"
+    for bad in ("ftp://x/", "http://", "127.0.0.1:8765", "http://h:99999/"):
+        with pytest.raises(AddressError):
+            from_url(bad, env={})
+
+
+def test_a_worker_that_did_not_exit_is_reported_as_such() -> None:
+    frame = {
+        "status": "cancelled",
+        "reason": "user",
+        "elapsed_ms": 10500.0,
+        "usage": {"completion_tokens": 7, "requests": 1},
+        "lifecycle": {
+            "worker_exited": False,
+            "open_requests": 1,
+            "open_processes": 2,
+            "started": True,
+            "timeline": [
+                {"event": "cancel_requested", "ms": 0.0},
+                {"event": "sockets_shut", "ms": 0.5},
+            ],
+        },
+    }
+    line = describe_complete(frame, cancel_ms=10012.0).plain
+    assert line == (
+        "cancelled in 10.0 s · worker still running · 1 request open · 2 processes open · 7 tokens"
+    )
+    chart = timeline_chart(frame)
+    assert chart is not None
+    assert chart.plain.splitlines()[-1].split() == [
+        "worker",
+        "exited",
+        "—",
+        "not",
+        "by",
+        "the",
+        "time",
+        "of",
+        "the",
+        "report",
+    ]
+    queued = {"status": "cancelled", "lifecycle": {"worker_exited": True, "started": False}}
+    assert describe_complete(queued).plain.startswith("cancelled while queued · never started")
+
+
+def test_exit_codes_follow_the_status() -> None:
+    assert [exit_code(s) for s in ("ok", "error", "timeout", "cancelled", "?")] == [
+        0,
+        1,
+        124,
+        130,
+        1,
+    ]
+
+
+def test_completion_learns_new_command_names_from_help() -> None:
+    names = CommandNames()
+
+    def completions(text: str) -> list[str]:
+        found = names.completer().get_completions(Document(text), CompleteEvent())
+        return [completion.text for completion in found]
+
+    assert completions("frob") == []
+    # help's output arrives in pieces that split lines anywhere
+    names.learn("help", "frobnicate THING   a command this client never heard of\nmemory pr")
+    names.learn("help", "une [--all]  another\n\nprovider: the simulator\n")
+    names.learn("jobs", "sleeper  running  1.0 s  sleep 5\n")  # not help: nothing learned
+    assert completions("frob") == ["frobnicate"]
+    assert "prune" in completions("memory pr")
+    assert completions("slee") == ["sleep"]
+    assert "provider" not in names.tree
