@@ -1,14 +1,19 @@
-"""InterruptScope, tested with real threads, real sockets and real processes."""
+"""InterruptScope, tested with real threads, real sockets and real processes.
+
+Facts of the platform that the design stands on (and that no change to
+wirecut can break) are checked in ``test_facts.py``.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
+import sys
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +25,20 @@ import wirecut.scope as ws
 from wirecut.scope import (
     Interrupted,
     InterruptScope,
+    MockClock,
     ScopedPopen,
     ScopeState,
+    TimelineEvent,
     bind_scope,
     current_scope,
+    cut_socket,
+    kill_process_group,
 )
+from wirecut.scope._process import group_members, parse_stat, proc_stat, wait_exited
+from wirecut.scope._timers import SYSTEM_CLOCK
 
 BOUND = 5.0  # seconds: generous bound for "promptly" on a shared, noisy machine
+HUGE = 1e10  # seconds: above threading.TIMEOUT_MAX, which no wait may exceed
 
 
 @contextlib.contextmanager
@@ -37,6 +49,26 @@ def socket_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
     finally:
         a.close()
         b.close()
+
+
+def join(thread: threading.Thread) -> None:
+    """Join ``thread`` within the bound, and say so if it did not end."""
+    thread.join(BOUND)
+    assert not thread.is_alive(), f"{thread.name} did not end within {BOUND} s"
+
+
+def wait_until(predicate: Callable[[], bool], what: str) -> None:
+    """Wait (bounded) for a state that no event announces."""
+    done = threading.Event()
+    for _ in range(int(BOUND / 0.001)):
+        if predicate():
+            return
+        done.wait(0.001)
+    pytest.fail(f"never: {what}")
+
+
+def events(scope: InterruptScope) -> list[TimelineEvent]:
+    return [event for event, _ in scope.timeline]
 
 
 class Recorder:
@@ -51,6 +83,18 @@ class Recorder:
         if self.unregistered:
             self.cut_after_unregister = True
         self.reasons.append(reason)
+
+
+class Raising:
+    """An Interruptible whose interrupt() raises ``exc_type`` (after noting the call)."""
+
+    def __init__(self, exc_type: type[BaseException]) -> None:
+        self.exc_type = exc_type
+        self.called = threading.Event()
+
+    def interrupt(self, reason: str) -> None:
+        self.called.set()
+        raise self.exc_type("raised by a cut")
 
 
 # -- the state machine ------------------------------------------------------------
@@ -74,6 +118,16 @@ def test_bad_timeout_is_a_value_error(timeout: float) -> None:
         InterruptScope(timeout=timeout)
 
 
+@pytest.mark.parametrize("seconds", [float("nan"), -1.0])
+def test_bad_escalate_after_and_grace_are_value_errors(seconds: float) -> None:
+    scope = InterruptScope()
+    with pytest.raises(ValueError, match="escalate_after"):
+        scope.cancel(escalate_after=seconds)
+    assert not scope.cancelled  # refused before anything was cut
+    with pytest.raises(ValueError, match="grace"):
+        scope.popen(["true"], grace=seconds)
+
+
 def test_check_raises_once_cancelled() -> None:
     scope = InterruptScope()
     scope.check()
@@ -83,24 +137,126 @@ def test_check_raises_once_cancelled() -> None:
     assert info.value.reason == "user"
 
 
+# -- timeouts and the clock -----------------------------------------------------------
+
+
 def test_timeout_cancels_with_reason_timeout() -> None:
+    # The system clock's shared timer thread, for real.
     scope = InterruptScope(timeout=0.05)
     with pytest.raises(Interrupted):
         scope.sleep(BOUND)
     assert scope.reason == "timeout"
 
 
-def test_closed_scope_does_not_time_out() -> None:
-    with InterruptScope(timeout=0.05) as scope:
+def test_timeout_fires_when_the_clock_reaches_it() -> None:
+    clock = MockClock()
+    scope = InterruptScope(timeout=10, clock=clock)
+    child = scope.child()  # shares the parent's clock
+    grandchild = child.child(timeout=1)
+    clock.jump(0.5)
+    assert not grandchild.cancelled
+    clock.jump(0.5)
+    assert grandchild.reason == "timeout"
+    assert not scope.cancelled
+    clock.jump(8.999)
+    assert not scope.cancelled
+    clock.jump(0.001)
+    assert scope.reason == "timeout"
+    assert child.reason == "timeout"
+
+
+def test_leaving_the_with_block_drops_the_timeout() -> None:
+    clock = MockClock()
+    with InterruptScope(timeout=1, clock=clock) as scope:
         pass
-    # A second scope with the same timeout fires; by then the first would have.
-    witness = InterruptScope(timeout=0.05)
-    with pytest.raises(Interrupted):
-        witness.sleep(BOUND)
+    clock.jump(10)
     assert not scope.cancelled
 
 
-# -- binding and the module-level helpers -------------------------------------------
+def test_mock_clock_jumps_only_forward() -> None:
+    with pytest.raises(ValueError, match="forward"):
+        MockClock().jump(-1)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: InterruptScope(timeout=float("inf")), id="timeout-inf"),
+        pytest.param(lambda: InterruptScope(timeout=HUGE), id="timeout-huge"),
+        pytest.param(lambda: InterruptScope().cancel(escalate_after=float("inf")), id="esc-inf"),
+        pytest.param(lambda: InterruptScope().cancel(escalate_after=HUGE), id="esc-huge"),
+    ],
+)
+def test_an_endless_delay_is_no_deadline_and_later_timeouts_still_fire(
+    make: Callable[[], object],
+) -> None:
+    endless = make()
+    if isinstance(endless, InterruptScope):
+        assert not endless.cancelled
+    # Two witnesses in turn: the timer thread went past the endless entry
+    # (if it was queued at all) and still fires what comes after.
+    for _ in range(2):
+        witness = InterruptScope(timeout=0.01)
+        with pytest.raises(Interrupted):
+            witness.sleep(BOUND)
+        assert witness.reason == "timeout"
+
+
+@pytest.mark.parametrize("exc_type", [KeyboardInterrupt, SystemExit, RuntimeError])
+def test_the_timer_thread_survives_a_callback_that_raises(
+    exc_type: type[BaseException], caplog: pytest.LogCaptureFixture
+) -> None:
+    called = threading.Event()
+
+    def callback() -> None:
+        called.set()
+        raise exc_type("raised by a timer callback")
+
+    SYSTEM_CLOCK.call_later(0, callback)
+    assert called.wait(BOUND)
+    witness = InterruptScope(timeout=0.01)
+    with pytest.raises(Interrupted):
+        witness.sleep(BOUND)
+    assert "raised by a timer callback" in caplog.text
+
+
+def test_a_timeout_whose_cut_raises_still_cancels_everything(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = MockClock()
+    scope = InterruptScope(timeout=1, clock=clock)
+    recorder = Recorder()
+    with scope.register(Raising(KeyboardInterrupt)), scope.register(recorder):
+        clock.jump(1)  # the KeyboardInterrupt stays in the clock (logged)
+    assert recorder.reasons == ["timeout"]
+    assert "raised by a cut" in caplog.text
+
+
+def test_endless_waits_do_not_overflow() -> None:
+    scope = InterruptScope()
+    event = threading.Event()
+    sleeping = threading.Event()
+
+    def sleeper() -> None:
+        sleeping.set()
+        scope.sleep(float("inf"))
+
+    def waiter() -> bool:
+        return scope.wait(event, float("inf"))
+
+    waited = scope.spawn(waiter)
+    event.set()
+    assert waited.result(BOUND) is True
+    slept = scope.spawn(sleeper)
+    assert sleeping.wait(BOUND)
+    scope.cancel()
+    with pytest.raises(Interrupted):
+        slept.result(BOUND)
+    assert scope.wait_quiescent(float("inf"))
+    assert scope.wait_quiescent(HUGE)
+
+
+# -- binding, `with scope:`, and the module-level helpers ---------------------------
 
 
 def test_helpers_without_a_scope_do_the_plain_operation() -> None:
@@ -141,14 +297,74 @@ def test_helpers_act_on_the_bound_scope() -> None:
     assert recorder.reasons == ["user"]
 
 
-def test_scope_does_not_cross_into_a_plain_thread() -> None:
-    # DESIGN fact 5: the reason spawn() and executor() exist.
-    seen: list[InterruptScope | None] = []
-    with bind_scope(InterruptScope()):
-        thread = threading.Thread(target=lambda: seen.append(current_scope()))
+def test_with_scope_in_two_threads_keeps_each_binding_and_the_timeout() -> None:
+    clock = MockClock()
+    scope = InterruptScope(timeout=1, clock=clock)
+    both_inside = threading.Barrier(2)
+    first_left = threading.Event()
+    timed_out = threading.Event()
+    seen: dict[str, list[object]] = {"first": [], "second": []}
+
+    def first() -> None:
+        with scope:
+            seen["first"].append(current_scope())
+            both_inside.wait(BOUND)
+        seen["first"].append(current_scope())
+        first_left.set()
+
+    def second() -> None:
+        with scope:
+            both_inside.wait(BOUND)
+            assert first_left.wait(BOUND)
+            seen["second"].append(current_scope())  # still bound here
+            assert timed_out.wait(BOUND)
+            seen["second"].append(scope.reason)
+        seen["second"].append(current_scope())
+
+    errors: list[BaseException] = []
+    threads = [threading.Thread(target=catching(fn, errors)) for fn in (first, second)]
+    for thread in threads:
         thread.start()
-        thread.join(BOUND)
-    assert seen == [None]
+    assert first_left.wait(BOUND)
+    clock.jump(1)  # the timeout is still armed: the second block is open
+    timed_out.set()
+    for thread in threads:
+        join(thread)
+    assert errors == []
+    assert seen == {"first": [scope, None], "second": [scope, "timeout", None]}
+
+
+def catching(fn: Callable[[], None], errors: list[BaseException]) -> Callable[[], None]:
+    """``fn`` for a thread, with whatever it raises kept in ``errors``."""
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            errors.append(exc)
+
+    return run
+
+
+def test_with_scope_left_in_another_thread_is_a_clear_error() -> None:
+    scope = InterruptScope()
+    scope.__enter__()
+    errors: list[BaseException] = []
+
+    def leave() -> None:
+        try:
+            scope.__exit__(None, None, None)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=leave)
+    thread.start()
+    join(thread)
+    assert len(errors) == 1
+    assert isinstance(errors[0], RuntimeError)
+    assert "did not enter it" in str(errors[0])
+    scope.__exit__(None, None, None)  # the block that is really open still ends
+    assert current_scope() is None
 
 
 # -- sockets ------------------------------------------------------------------------
@@ -174,46 +390,35 @@ def test_cut_socket_wakes_blocked_recv_and_peer_sees_eof() -> None:
     assert scope.wait_quiescent(BOUND)
 
 
-_RECVFROM = {"x86_64": 45, "aarch64": 207}
-
-
-def _wait_until_in_recvfrom(thread: threading.Thread) -> None:
-    """Wait (bounded) until ``thread`` is blocked in the recvfrom system call.
-
-    No event says "now blocked in the kernel"; the kernel's own record of the
-    thread's current system call does.
-    """
-    number = _RECVFROM.get(os.uname().machine)
-    if number is None:
-        pytest.skip("recvfrom's system call number is unknown on this machine")
-    path = Path(f"/proc/self/task/{thread.native_id}/syscall")
-    deadline = time.monotonic() + BOUND
-    while path.read_text().split()[0] != str(number):
-        assert time.monotonic() < deadline, "the reader never blocked in recv"
-        time.sleep(0.001)
-
-
-def test_close_from_another_thread_does_not_wake_recv() -> None:
-    # DESIGN fact 1, measured: the reason the cut is shutdown(), never close().
-    a, b = socket.socketpair()
-    returned = threading.Event()
-
-    def reader() -> None:
-        with contextlib.suppress(OSError):
-            a.recv(100)
-        returned.set()
-
-    thread = threading.Thread(target=reader, daemon=True)
-    thread.start()
-    _wait_until_in_recvfrom(thread)
+def test_cut_socket_says_whether_it_shut_a_socket() -> None:
+    with socket_pair() as (a, b):
+        assert cut_socket(a) is True
+        b.settimeout(BOUND)
+        assert b.recv(1) == b""
+    with socket_pair() as (a, _b):
+        a.detach()  # what a TLS wrap leaves of the plain socket: fd -1
+        assert cut_socket(a) is False
     a.close()
-    assert not returned.wait(0.2)  # the reader sleeps on
-    b.settimeout(0.2)
-    with pytest.raises(TimeoutError):
-        b.recv(1)  # and the peer saw no close
-    b.close()  # only the peer leaving wakes the reader now
-    assert returned.wait(BOUND)
-    thread.join(BOUND)
+    assert cut_socket(a) is False
+    with socket.socket() as unconnected:
+        assert cut_socket(unconnected) is False
+
+
+def test_timeline_says_sockets_shut_only_when_one_was() -> None:
+    detached = InterruptScope()
+    with socket_pair() as (a, _b):
+        a.detach()
+        with detached.register_socket(a):
+            detached.cancel()
+    assert events(detached) == [TimelineEvent.CANCEL_REQUESTED]
+
+    mixed = InterruptScope()
+    with socket_pair() as (a, _b), socket_pair() as (c, _d):
+        c.detach()
+        with mixed.register_socket(c), mixed.register_socket(a):
+            mixed.cancel()
+        assert a.recv(1) == b""
+    assert events(mixed) == [TimelineEvent.CANCEL_REQUESTED, TimelineEvent.SOCKETS_SHUT]
 
 
 def test_unregistered_socket_is_untouched() -> None:
@@ -262,16 +467,69 @@ def test_cancel_before_register_cuts_on_entry() -> None:
 
 
 def test_one_failing_cut_does_not_stop_the_others(caplog: pytest.LogCaptureFixture) -> None:
-    class Broken:
-        def interrupt(self, reason: str) -> None:
-            raise RuntimeError("broken cut")
-
     scope = InterruptScope()
     recorder = Recorder()
-    with scope.register(Broken()), scope.register(recorder):
+    with scope.register(Raising(RuntimeError)), scope.register(recorder):
         scope.cancel()
     assert recorder.reasons == ["cancelled"]
-    assert "broken cut" in caplog.text
+    assert "raised by a cut" in caplog.text
+
+
+@pytest.mark.parametrize("exc_type", [KeyboardInterrupt, SystemExit])
+def test_a_cut_raising_a_base_exception_still_cuts_everything_then_surfaces(
+    exc_type: type[BaseException],
+) -> None:
+    scope = InterruptScope()
+    child = scope.child()
+    first, second = Recorder(), Recorder()
+    proc = scope.popen(["sh", "-c", "echo ready; exec sleep 300"], stdout=-1)
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"ready\n"
+    with (
+        socket_pair() as (a, _b),
+        socket_pair() as (c, _d),
+        scope.register(first),
+        scope.register(Raising(exc_type)),
+        scope.register(second),
+        scope.register_socket(a),
+        child.register_socket(c),
+    ):
+        with pytest.raises(exc_type):
+            scope.cancel("user")
+        # Every other cut ran before the exception came out.
+        assert first.reasons == ["user"]
+        assert second.reasons == ["user"]
+        assert a.recv(1) == b""
+        assert child.reason == "user"
+        assert c.recv(1) == b""
+        assert proc.wait(BOUND) == -signal.SIGTERM
+        assert scope.cancel("again") is False  # latched, as ever
+    proc.stdout.close()
+    assert scope.wait_quiescent(BOUND)
+
+
+def test_an_interrupt_that_registers_on_its_cancelled_scope_does_not_stop_the_cut() -> None:
+    scope = InterruptScope()
+    late, other = Recorder(), Recorder()
+    child = scope.child()
+
+    class RegistersMore:
+        def interrupt(self, reason: str) -> None:
+            scope.register(late)  # cut on entry: raises Interrupted in here
+
+    with (
+        socket_pair() as (a, _b),
+        scope.register(RegistersMore()),
+        scope.register(other),
+        child.register_socket(a),
+    ):
+        with pytest.raises(Interrupted):
+            scope.cancel("user")
+        assert late.reasons == ["user"]
+        assert other.reasons == ["user"]
+        assert child.cancelled
+        assert a.recv(1) == b""
+    assert scope.live() == {"threads": 0, "sockets": 0, "processes": 0, "objects": 0}
 
 
 def test_unregister_waits_for_an_inflight_cut() -> None:
@@ -299,8 +557,8 @@ def test_unregister_waits_for_an_inflight_cut() -> None:
     release.set()
     assert unregistered.wait(BOUND)
     assert slow.done
-    canceller.join(BOUND)
-    unregisterer.join(BOUND)
+    join(canceller)
+    join(unregisterer)
 
 
 @settings(
@@ -361,7 +619,7 @@ def test_interleaved_register_unregister_cancel_never_miss_or_cut_late(
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(BOUND)
+        join(thread)
     assert scope.cancelled
     for recorder, outcome in outcomes:
         assert not recorder.cut_after_unregister
@@ -374,22 +632,15 @@ def test_interleaved_register_unregister_cancel_never_miss_or_cut_late(
 # -- processes ------------------------------------------------------------------------
 
 
-def _group_survivors(pgid: int) -> list[int]:
-    """Processes of group ``pgid`` still alive; zombies are dead (DESIGN fact 8)."""
-    survivors = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # Fields after the command name, which is in parentheses.
-        fields = stat[stat.rindex(")") + 2 :].split()
-        state, group = fields[0], int(fields[2])
-        if group == pgid and state != "Z":
-            survivors.append(int(entry.name))
-    return survivors
+def test_proc_stat_reads_the_kernels_record() -> None:
+    me = proc_stat(os.getpid())
+    assert me is not None
+    assert me.ppid == os.getppid()
+    assert me.pgid == os.getpgrp()
+    assert me.alive
+    # The command name is in parentheses and may hold both spaces and ")".
+    stat = parse_stat(7, "7 (a) b (c)) Z 1 99 99 0 -1")
+    assert (stat.state, stat.ppid, stat.pgid, stat.alive) == ("Z", 1, 99, False)
 
 
 def test_cut_process_kills_the_whole_group() -> None:
@@ -397,14 +648,32 @@ def test_cut_process_kills_the_whole_group() -> None:
     proc = scope.popen(["sh", "-c", "sleep 300 & sleep 300 & echo started; wait"], stdout=-1)
     assert proc.stdout is not None
     assert proc.stdout.readline() == b"started\n"
-    assert len(_group_survivors(proc.pid)) == 3
+    assert len(group_members(proc.pid)) == 3
     scope.cancel("user")
     assert proc.wait(BOUND) != 0
     assert scope.wait_quiescent(BOUND)
-    assert _group_survivors(proc.pid) == []
+    assert group_members(proc.pid) == []
     proc.stdout.close()
-    events = [event for event, _ in scope.timeline]
-    assert events == ["cancel_requested", "processes_signalled", "processes_killed"]
+    assert events(scope) == ["cancel_requested", "processes_signalled", "processes_killed"]
+
+
+def test_sigterm_reaches_every_member_of_the_group(tmp_path: Path) -> None:
+    # A member that traps TERM leaves a marker; the leader waits for it.
+    # Were SIGTERM sent to the leader alone, the member would only ever get
+    # the SIGKILL after the grace, and leave no marker.
+    marker = tmp_path / "member-got-term"
+    member = f"trap 'touch {marker}; exit 0' TERM; echo ready; sleep 300 & wait"
+    scope = InterruptScope()
+    proc = scope.popen(
+        ["sh", "-c", f'trap : TERM; sh -c "{member}" & wait; wait'], stdout=-1, grace=BOUND
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"ready\n"
+    scope.cancel()
+    assert scope.wait_quiescent(BOUND * 2)
+    assert marker.exists()
+    proc.wait(BOUND)
+    proc.stdout.close()
 
 
 def test_process_ignoring_sigterm_is_killed_after_the_grace() -> None:
@@ -419,16 +688,29 @@ def test_process_ignoring_sigterm_is_killed_after_the_grace() -> None:
     scope.cancel()
     assert scope.live()["processes"] == 1  # still within its grace
     assert scope.wait_quiescent(BOUND)
-    assert _group_survivors(proc.pid) == []
+    assert group_members(proc.pid) == []
     proc.wait(BOUND)
     proc.stdout.close()
 
 
-def test_popen_on_cancelled_scope_starts_nothing() -> None:
+def _ignore_sigterm() -> None:
+    # Runs in the child between fork and exec; an ignored signal stays
+    # ignored across exec, so only SIGKILL (after the grace) could stop it.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def test_popen_on_cancelled_scope_starts_nothing(tmp_path: Path) -> None:
+    # A program that would survive the cut on entry long enough to leave a
+    # mark: had it been started at all, the file would be there.
+    marker = tmp_path / "started"
     scope = InterruptScope()
     scope.cancel()
     with pytest.raises(Interrupted):
-        scope.popen(["sleep", "300"])
+        scope.popen(["touch", str(marker)], preexec_fn=_ignore_sigterm)
+    with pytest.raises(Interrupted):
+        ScopedPopen(scope, ["touch", str(marker)], grace=None, preexec_fn=_ignore_sigterm)
+    assert scope.wait_quiescent(BOUND)
+    assert not marker.exists()
 
 
 def test_popen_cancelled_while_starting_is_killed_and_closed(
@@ -471,8 +753,45 @@ def test_finished_popen_leaves_no_group_member_behind() -> None:
     scope = InterruptScope()
     with scope.popen(["sh", "-c", "sleep 300 & exit 0"]) as proc:
         proc.wait(BOUND)
-    assert _group_survivors(proc.pid) == []
+    assert group_members(proc.pid) == []
     assert scope.live()["processes"] == 0
+
+
+def test_kill_process_group_stops_the_group_and_reaps_the_leader() -> None:
+    proc = subprocess.Popen(
+        ["sh", "-c", "trap '' TERM; sleep 300 & echo ready; while :; do sleep 1; done"],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    with proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"ready\n"
+        assert len(group_members(proc.pid)) >= 2
+        # The group ignores SIGTERM (the children inherit the ignored signal):
+        # only the SIGKILL after the grace stops it.
+        assert kill_process_group(proc, grace=0.2) == -signal.SIGKILL
+        assert proc.returncode == -signal.SIGKILL  # reaped
+        assert group_members(proc.pid) == []
+
+
+def test_waiting_for_an_exit_without_a_pidfd_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where the kernel has no pidfd: our child is asked with waitid (without
+    # reaping it), any other process through /proc.
+    monkeypatch.delattr(os, "pidfd_open")
+    proc = subprocess.Popen(
+        ["sh", "-c", "sleep 300 & echo $!; exec sleep 300"],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    with proc:
+        assert proc.stdout is not None
+        member = int(proc.stdout.readline())
+        assert wait_exited(proc.pid, 0) is False
+        assert wait_exited(member, 0) is False
+        assert kill_process_group(proc, grace=BOUND) == -signal.SIGTERM
+        assert wait_exited(proc.pid, 0) is True  # reaped
+        assert wait_exited(member, BOUND) is True
+        assert group_members(proc.pid) == []
 
 
 # -- sleep and wait -------------------------------------------------------------------
@@ -503,9 +822,18 @@ def test_sleep_and_wait_return_at_once_on_cancel() -> None:
 def test_wait_returns_true_when_the_event_is_set() -> None:
     scope = InterruptScope()
     event = threading.Event()
-    threading.Timer(0.01, event.set).start()
+    setter = threading.Timer(0.01, event.set)
+    setter.start()
     assert scope.wait(event, BOUND) is True
+    join(setter)
     assert scope.wait(threading.Event(), 0.01) is False
+
+
+def test_wait_on_an_event_without_a_condition_is_a_clear_error() -> None:
+    event = threading.Event()
+    del event._cond  # type: ignore[attr-defined]
+    with pytest.raises(RuntimeError, match="_cond"):
+        InterruptScope().wait(event, 0)
 
 
 # -- threads: spawn, executor, run ------------------------------------------------------
@@ -577,6 +905,7 @@ def test_child_is_cancelled_with_its_parent() -> None:
     assert child.reason == "user"
     assert grandchild.reason == "user"
     assert recorder.reasons == ["user"]
+    assert events(parent) == ["cancel_requested", "children_cancelled"]
 
 
 def test_child_can_be_cancelled_alone() -> None:
@@ -604,11 +933,77 @@ def test_parent_ledger_counts_its_children() -> None:
     assert parent.wait_quiescent(BOUND)
 
 
+def _blocked_in_wait_quiescent(scope: InterruptScope) -> bool:
+    # wait_quiescent() counts itself in under the scope's lock and holds the
+    # lock until its wait releases it: once both, it is waiting.
+    if scope._quiescence_waiters != 1:
+        return False
+    with scope._lock:
+        return True
+
+
+def test_an_ancestors_wait_quiescent_wakes_when_a_descendant_ends() -> None:
+    grandparent = InterruptScope()
+    grandchild = grandparent.child().child()
+    release = threading.Event()
+    worker = grandchild.spawn(release.wait, BOUND)
+    returned = threading.Event()
+    result: list[bool] = []
+
+    def waiter() -> None:
+        # Without a wakeup it would return only at this timeout.
+        result.append(grandparent.wait_quiescent(60))
+        returned.set()
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    wait_until(lambda: _blocked_in_wait_quiescent(grandparent), "the waiter waits")
+    release.set()
+    assert worker.result(BOUND) is True
+    assert returned.wait(BOUND), "the grandchild's end did not wake its grandparent"
+    assert result == [True]
+    join(thread)
+
+
+DEPTH = 3000  # well past the recursion limit (1000)
+
+
+def test_a_deep_chain_of_scopes_is_walked_without_recursion() -> None:
+    assert sys.getrecursionlimit() < DEPTH
+    clock = MockClock()
+    root = leaf = InterruptScope("root", clock=clock)
+    for _ in range(DEPTH):
+        leaf = leaf.child()
+    running = threading.Event()
+
+    def spin() -> None:
+        running.set()
+        while True:
+            pass
+
+    with socket_pair() as (a, _b), leaf.register_socket(a):
+        spinning = leaf.spawn(spin)
+        assert running.wait(BOUND)
+        assert root.live() == {"threads": 1, "sockets": 1, "processes": 0, "objects": 0}
+        assert root.wait_quiescent(0) is False
+        root.cancel("user", escalate_after=1)
+        assert leaf.reason == "user"
+        assert a.recv(1) == b""  # the cut reached the leaf's socket
+        clock.jump(1)  # escalation walks down to the leaf's thread
+        with pytest.raises(Interrupted):
+            spinning.result(BOUND)
+        assert root.live()["sockets"] == 1
+    assert root.wait_quiescent(BOUND)
+    assert events(root) == ["cancel_requested", "children_cancelled"]
+    assert events(leaf) == ["cancel_requested", "sockets_shut", "escalated"]
+
+
 # -- escalation ---------------------------------------------------------------------------
 
 
 def test_escalation_stops_a_pure_python_loop() -> None:
-    scope = InterruptScope()
+    clock = MockClock()
+    scope = InterruptScope(clock=clock)
     running = threading.Event()
 
     def spin() -> int:
@@ -619,15 +1014,36 @@ def test_escalation_stops_a_pure_python_loop() -> None:
 
     future = scope.spawn(spin)
     assert running.wait(BOUND)
-    scope.cancel("user", escalate_after=0.05)
+    scope.cancel("user", escalate_after=0.5)
+    clock.jump(0.4)
+    assert not future.done()
+    clock.jump(0.1)
     with pytest.raises(Interrupted):
         future.result(BOUND)
     assert scope.wait_quiescent(BOUND)
-    assert [event for event, _ in scope.timeline] == ["cancel_requested", "escalated"]
+    assert events(scope) == ["cancel_requested", "escalated"]
+
+
+def test_escalation_on_the_system_clock() -> None:
+    scope = InterruptScope()
+    running = threading.Event()
+
+    def spin() -> None:
+        running.set()
+        while True:
+            pass
+
+    future = scope.spawn(spin)
+    assert running.wait(BOUND)
+    scope.cancel("user", escalate_after=0.01)
+    with pytest.raises(Interrupted):
+        future.result(BOUND)
+    assert scope.wait_quiescent(BOUND)
 
 
 def test_escalation_reaches_threads_of_child_scopes() -> None:
-    parent = InterruptScope()
+    clock = MockClock()
+    parent = InterruptScope(clock=clock)
     child = parent.child()
     running = threading.Event()
 
@@ -638,20 +1054,61 @@ def test_escalation_reaches_threads_of_child_scopes() -> None:
 
     future = child.spawn(spin)
     assert running.wait(BOUND)
-    parent.cancel("user", escalate_after=0.01)
+    parent.cancel("user", escalate_after=1)
+    clock.jump(1)
     with pytest.raises(Interrupted):
         future.result(BOUND)
     assert parent.wait_quiescent(BOUND)
 
 
 def test_escalation_spares_threads_that_returned() -> None:
-    scope = InterruptScope()
-    assert scope.spawn(lambda: 42).result(BOUND) == 42
-    scope.cancel("user", escalate_after=0)
-    assert scope.wait_quiescent(BOUND)
+    # A host's pool thread runs a command under scope.run(); the command
+    # returns at the cancel, and the thread goes on with other work. The
+    # escalation, due later, must not land in that other work.
+    clock = MockClock()
+    scope = InterruptScope(clock=clock)
+    in_command = threading.Event()
+    left = threading.Event()
+    stop = threading.Event()
+    outcome: list[str] = []
+
+    def pool_thread() -> None:
+        with contextlib.suppress(Interrupted):
+            scope.run(lambda: (in_command.set(), scope.sleep(300)))
+        left.set()
+        try:
+            n = 0
+            while not stop.is_set():  # pure Python: an async exception lands here
+                n += 1
+            outcome.append("spared")
+        except Interrupted:
+            outcome.append("hit")
+
+    thread = threading.Thread(target=pool_thread)
+    thread.start()
+    assert in_command.wait(BOUND)
+    scope.cancel("user", escalate_after=1)
+    assert left.wait(BOUND)
+    clock.jump(1)  # the escalation runs here, on this thread
+    stop.set()
+    join(thread)
+    assert outcome == ["spared"]
+    assert events(scope) == ["cancel_requested"]  # nobody was escalated
 
 
 # -- timeline ---------------------------------------------------------------------------------
+
+
+def test_timeline_events_keep_their_wire_values() -> None:
+    assert {event.name: str(event) for event in TimelineEvent} == {
+        "CANCEL_REQUESTED": "cancel_requested",
+        "SOCKETS_SHUT": "sockets_shut",
+        "OBJECTS_INTERRUPTED": "objects_interrupted",
+        "PROCESSES_SIGNALLED": "processes_signalled",
+        "PROCESSES_KILLED": "processes_killed",
+        "CHILDREN_CANCELLED": "children_cancelled",
+        "ESCALATED": "escalated",
+    }
 
 
 def test_timeline_is_ordered_in_ms_from_the_cancel() -> None:
@@ -661,9 +1118,9 @@ def test_timeline_is_ordered_in_ms_from_the_cancel() -> None:
         scope.cancel()
     timeline = scope.timeline
     assert [event for event, _ in timeline] == [
-        "cancel_requested",
-        "sockets_shut",
-        "agents_interrupted",
+        TimelineEvent.CANCEL_REQUESTED,
+        TimelineEvent.SOCKETS_SHUT,
+        TimelineEvent.OBJECTS_INTERRUPTED,
     ]
     times = [ms for _, ms in timeline]
     assert times[0] == 0.0

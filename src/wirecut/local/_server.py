@@ -25,7 +25,6 @@ import json
 import math
 import os
 import select
-import signal
 import subprocess
 import sys
 import threading
@@ -38,6 +37,7 @@ import wirecut
 from wirecut._paths import default_data_dir
 from wirecut.local._errors import LocalServerError, LocalUnavailable
 from wirecut.local._model import MODEL_NAME, ensure_model, is_available
+from wirecut.scope import kill_process_group
 
 __all__ = ["LocalServer", "ServerState"]
 
@@ -385,47 +385,13 @@ def _drain_lines(stream: IO[bytes], tail: collections.deque[str]) -> None:
 
 
 def _kill_and_reap(proc: subprocess.Popen[bytes], grace: float) -> None:
-    """Stop the child's process group and reap the child (DESIGN.md fact 8)."""
+    """Stop the child's process group and reap the child (docs/architecture.md, fact 8)."""
     if proc.stdin is not None:
         # EOF on stdin: the child exits by itself (see _child.py).
         with contextlib.suppress(OSError):
             proc.stdin.close()
     if proc.returncode is None:
-        _signal_group(proc.pid, signal.SIGTERM)
-        _wait_exited_unreaped(proc.pid, grace)
-        # The unreaped leader keeps its group id from being reused, so this
-        # SIGKILL cannot hit a stranger; it catches a child ignoring SIGTERM
-        # and anything left in its group.
-        _signal_group(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def _signal_group(pgid: int, signum: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signum)
-
-
-def _wait_exited_unreaped(pid: int, timeout: float) -> None:
-    """Wait up to ``timeout`` s for ``pid`` to exit, leaving it unreaped."""
-    pidfd_open = getattr(os, "pidfd_open", None)
-    if pidfd_open is not None:
-        try:
-            pidfd = pidfd_open(pid)
-        except OSError:
-            pidfd = -1
-        if pidfd >= 0:
-            try:
-                # A pidfd becomes readable when the process exits.
-                select.select([pidfd], [], [], timeout)
-            finally:
-                os.close(pidfd)
-            return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return
-        if info is not None:
-            return
-        time.sleep(0.01)  # no pidfd on this platform: poll
+        # SIGTERM to the group, SIGKILL to what is left after the grace (a
+        # child ignoring SIGTERM, anything it started), then reap: the one
+        # group kill of wirecut, shared with the scope's cut of a process.
+        kill_process_group(proc, grace=grace)

@@ -5,6 +5,13 @@ worker (``bind_scope`` or ``scope.run``), and everything the work starts
 registers with the bound scope; ``scope.cancel()`` cuts it all, including what
 tries to start after the cancel. See ``InterruptScope`` for the details and
 ``_errors`` for the exception tree.
+
+The modules: ``_interrupt_scope`` (the scope: cancel, registering, the
+ledger), ``_registration`` (a registration and its kinds), ``_cuttables``
+(what can be cut; sockets and objects), ``_process`` (process groups, /proc,
+``scope.popen``), ``_threads`` (owned threads, the executor, escalation),
+``_binding`` (the ContextVar), ``_timers`` (clocks), ``_timeline`` (the
+unwind's events), ``_errors`` (the exception tree).
 """
 
 from wirecut.scope._binding import (
@@ -19,31 +26,32 @@ from wirecut.scope._binding import (
     sleep,
     wait,
 )
-from wirecut.scope._cuttables import cut_socket
+from wirecut.scope._cuttables import Interruptible, cut_socket
 from wirecut.scope._errors import Interrupted
-from wirecut.scope._interrupt_scope import (
-    Interruptible,
-    InterruptScope,
-    Registration,
-    ScopedPopen,
-    ScopeExecutor,
-    ScopeState,
-)
+from wirecut.scope._interrupt_scope import InterruptScope, ScopeState
+from wirecut.scope._process import ScopedPopen, kill_process_group
+from wirecut.scope._registration import Registration
+from wirecut.scope._threads import ScopeExecutor
+from wirecut.scope._timeline import TimelineEvent
+from wirecut.scope._timers import MockClock
 
 __all__ = [
     "NULL_REGISTRATION",
     "InterruptScope",
     "Interrupted",
     "Interruptible",
+    "MockClock",
     "NullRegistration",
     "Registration",
     "ScopeExecutor",
     "ScopeState",
     "ScopedPopen",
+    "TimelineEvent",
     "bind_scope",
     "check",
     "current_scope",
     "cut_socket",
+    "kill_process_group",
     "register",
     "register_process",
     "register_socket",

@@ -2,8 +2,9 @@
 
 The bound scope lives in a ContextVar, so it follows the code that runs under
 ``bind_scope()`` and nothing else. A ContextVar does not cross into a new
-``threading.Thread`` or an executor's worker by itself (DESIGN fact 5): use
-``scope.spawn()``, ``scope.executor()`` or ``scope.run()``, which bind it there.
+``threading.Thread`` or an executor's worker by itself (docs/architecture.md,
+fact 5): use ``scope.spawn()``, ``scope.executor()`` or ``scope.run()``,
+which bind it there.
 
 The module-level helpers act on the bound scope and, with none bound, do the
 plain operation and nothing more (``check`` passes, ``sleep`` sleeps, the
@@ -21,7 +22,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from wirecut.scope._interrupt_scope import Interruptible, InterruptScope, Registration
+    from wirecut.scope._cuttables import Interruptible
+    from wirecut.scope._interrupt_scope import InterruptScope
+    from wirecut.scope._registration import Registration
 
 __all__ = [
     "NULL_REGISTRATION",
@@ -29,6 +32,8 @@ __all__ = [
     "bind_scope",
     "check",
     "current_scope",
+    "enter_scope",
+    "exit_scope",
     "register",
     "register_process",
     "register_socket",
@@ -39,6 +44,15 @@ __all__ = [
 _current: contextvars.ContextVar[InterruptScope | None] = contextvars.ContextVar(
     "wirecut_scope", default=None
 )
+
+
+# The ``with scope:`` blocks open in the running context, innermost last, each
+# with the token that restores the binding it replaced. Kept per context (not
+# on the scope), so that two threads or tasks inside ``with scope:`` at once
+# each leave their own block, with their own token.
+_entered: contextvars.ContextVar[
+    tuple[tuple[InterruptScope, contextvars.Token[InterruptScope | None]], ...]
+] = contextvars.ContextVar("wirecut_scope_entered", default=())
 
 
 def current_scope() -> InterruptScope | None:
@@ -64,6 +78,28 @@ class bind_scope:  # lower case: used like a function, as contextlib.suppress is
 
     def __exit__(self, *exc_info: object) -> None:
         _current.reset(self._token)
+
+
+def enter_scope(scope: InterruptScope) -> None:
+    """Bind ``scope`` for a ``with scope:`` block in the running context."""
+    token = _current.set(scope)
+    _entered.set((*_entered.get(), (scope, token)))
+
+
+def exit_scope(scope: InterruptScope) -> None:
+    """End the innermost ``with scope:`` block of the running context.
+
+    Raises ``RuntimeError`` if that block is not ``scope``'s: the block ends
+    in another thread or task than the one it began in.
+    """
+    entered = _entered.get()
+    if not entered or entered[-1][0] is not scope:
+        raise RuntimeError(
+            f"leaving `with {scope!r}:` in a thread or task that did not enter it; "
+            "a `with scope:` block must end where it began"
+        )
+    _entered.set(entered[:-1])
+    _current.reset(entered[-1][1])
 
 
 class NullRegistration:

@@ -4,50 +4,42 @@ A host creates one scope per command, binds it around the worker, and every
 agent turn, socket, subprocess and thread of that command registers with it.
 ``cancel()`` cuts all of them, including the ones that try to register after
 the cancel: those are cut on entry and their caller gets ``Interrupted``.
+
+Scopes form a tree (a child is cancelled with its parent). Every walk of the
+tree (cancel, escalation, the ledger) is a loop, not a recursion: a chain of
+nested scopes may be thousands deep.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import ctypes
 import enum
+import itertools
 import logging
 import math
-import signal
 import socket
 import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, ParamSpec, Protocol, TypeVar
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any, ParamSpec, TypeVar
 
-from wirecut.scope._binding import bind_scope, current_scope
-from wirecut.scope._cuttables import ProcessTarget, cut_socket
+from wirecut.scope._binding import enter_scope, exit_scope
+from wirecut.scope._cuttables import Cuttable, Interruptible, ObjectCut, SocketCut
 from wirecut.scope._errors import Interrupted
-from wirecut.scope._timers import TimerHandle, call_later
+from wirecut.scope._process import ProcessTarget, ScopedPopen, check_grace
+from wirecut.scope._registration import CUT_EVENTS, Kind, Registration, cut_order, kind_of
+from wirecut.scope._threads import ScopeExecutor, raise_in_thread, run_registered, start_thread
+from wirecut.scope._timeline import TimelineEvent
+from wirecut.scope._timers import SYSTEM_CLOCK, Clock, TimerHandle, is_never
 
-__all__ = ["InterruptScope", "Interruptible", "Registration", "ScopeExecutor", "ScopeState"]
+__all__ = ["InterruptScope", "ScopeState"]
 
 _log = logging.getLogger("wirecut.scope")
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
-#: Default time a cut process group gets between SIGTERM and SIGKILL.
-DEFAULT_KILL_GRACE = 1.0
-
-
-class Interruptible(Protocol):
-    """Anything a scope can cut by calling ``interrupt(reason)`` (an agent turn).
-
-    ``interrupt`` must be idempotent, safe from any thread, and quick: it is
-    called on the cancelling thread.
-    """
-
-    def interrupt(self, reason: str) -> None: ...
 
 
 class ScopeState(enum.Enum):
@@ -57,48 +49,9 @@ class ScopeState(enum.Enum):
     CANCELLED = "cancelled"  # latched: all registered work was cut, and new work is cut on entry
 
 
-class _Kind(enum.Enum):
-    # Cut in this order: sockets first, since a blocked read is what keeps
-    # a provider slot busy; threads are cooperative and only escalated.
-    SOCKET = "sockets"
-    OBJECT = "objects"
-    PROCESS = "processes"
-    THREAD = "threads"
-
-
-class Registration:
-    """A handle on one registered thing; leaving it (or ``unregister()``) ends it.
-
-    ``unregister()`` is idempotent and safe from any thread. Once it returns, the
-    scope will not cut the thing: if a cut was running on another thread at that
-    moment, ``unregister()`` waits for it to finish, so an owner may close its
-    socket right after.
-    """
-
-    __slots__ = ("_cutting", "_scope", "active", "in_user_code", "kind", "target")
-
-    def __init__(self, scope: InterruptScope, kind: _Kind, target: Any) -> None:
-        self._scope = scope
-        self.kind = kind
-        self.target = target
-        self.active = True
-        # Ident of the thread cutting this registration right now, or 0.
-        self._cutting = 0
-        # Threads only: escalation may raise in it (it runs the task's code).
-        self.in_user_code = False
-
-    def unregister(self) -> None:
-        self._scope._unregister(self)
-
-    def __enter__(self) -> Registration:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._scope._unregister(self)
-
-    def __repr__(self) -> str:
-        state = "active" if self.active else "ended"
-        return f"<Registration {self.kind.name.lower()} {state} {self.target!r}>"
+# What a cancel found to cut in one scope: its registrations in cut order,
+# and its children.
+_Found = tuple[list[Registration], list["InterruptScope"]]
 
 
 class InterruptScope:
@@ -106,16 +59,22 @@ class InterruptScope:
 
     Safe to use from any thread. ``cancel()`` may be called from any thread
     (not from a signal handler: it takes a lock) and never blocks on the work
-    it cuts; the cuts run outside the lock, and one failing cut does not stop
-    the others.
+    it cuts; the cuts run outside the lock, and whatever one cut raises, every
+    other one still runs.
 
     A child scope (``parent=`` or ``scope.child()``) is cancelled with its
     parent, with the parent's reason, and can be cancelled alone. ``timeout``
-    (seconds) makes the scope cancel itself with reason "timeout".
+    (seconds) makes the scope cancel itself with reason "timeout"; an
+    infinite timeout, or one beyond ``threading.TIMEOUT_MAX``, is none.
+    ``clock`` (default: the system's monotonic clock; a child shares its
+    parent's) runs the timeout and the escalation grace: a ``MockClock`` makes
+    them deterministic in tests.
 
-    Used as a context manager, the scope is bound for the block; leaving it
-    drops its timeout. The ``Interrupted`` of a cancelled scope is not
-    swallowed on the way out.
+    Used as a context manager, the scope is bound for the block, in the
+    thread or task that entered it; several threads may be inside ``with
+    scope:`` at once, and the timeout is dropped when the last of them
+    leaves. The ``Interrupted`` of a cancelled scope is not swallowed on the
+    way out.
     """
 
     def __init__(
@@ -124,13 +83,18 @@ class InterruptScope:
         *,
         timeout: float | None = None,
         parent: InterruptScope | None = None,
+        clock: Clock | None = None,
     ) -> None:
         if timeout is not None and (math.isnan(timeout) or timeout < 0):
             raise ValueError(f"timeout must be a non-negative number of seconds, not {timeout!r}")
         self.name = name
         self.parent = parent
-        # Guards the state, the registrations, the counts and the children.
-        # The condition wakes wait_quiescent() when something unregisters.
+        if clock is None:
+            clock = SYSTEM_CLOCK if parent is None else parent._clock
+        self._clock: Clock = clock
+        # Guards the state, the registrations, the counts, the children, the
+        # timeline and the count of open `with` blocks. The condition wakes
+        # wait_quiescent() and an unregister() waiting for a cut in flight.
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._quiescence_waiters = 0
@@ -140,23 +104,23 @@ class InterruptScope:
         # Set once cancelled: sleep() and wait() wake on it.
         self._cancelled_event = threading.Event()
         self._registrations: set[Registration] = set()
-        self._counts = dict.fromkeys(_Kind, 0)
+        self._counts = dict.fromkeys(Kind, 0)
         # Processes are counted by target, not registration: a cut one stays
         # owned until its group was killed and the leader reaped.
         self._processes: set[ProcessTarget] = set()
         self._children: weakref.WeakSet[InterruptScope] = weakref.WeakSet()
-        self._timeline: list[tuple[str, float]] = []
+        self._timeline: list[tuple[TimelineEvent, float]] = []
         self._timeout_timer: TimerHandle | None = None
         self._escalation_timer: TimerHandle | None = None
-        self._bindings: list[contextlib.AbstractContextManager[Any]] = []
+        self._entries = 0  # `with scope:` blocks open now, in any thread
         # Set (under the lock) before the first async Interrupted is raised.
         self._escalated = False
-        self.deadline = None if timeout is None else time.monotonic() + timeout
         if parent is not None:
             parent._adopt(self)
         if timeout is not None and not self.cancelled:
+            # An endless timeout is "never" for the clock: nothing is queued.
             ref = weakref.ref(self)
-            self._timeout_timer = call_later(timeout, lambda: _cancel_ref(ref, "timeout"))
+            self._timeout_timer = self._clock.call_later(timeout, lambda: _cancel_ref(ref))
 
     # -- state ---------------------------------------------------------------
 
@@ -180,8 +144,13 @@ class InterruptScope:
         return self._cancelled_at
 
     @property
-    def timeline(self) -> list[tuple[str, float]]:
-        """The steps of the unwind so far: ``(event, ms since the cancel)``."""
+    def timeline(self) -> list[tuple[TimelineEvent, float]]:
+        """The steps of the unwind so far: ``(event, ms since the cancel)``.
+
+        Each event appears once, when it first happened, and only if it
+        happened (see ``TimelineEvent``). Times are wall-clock milliseconds
+        whatever the scope's ``clock``.
+        """
         with self._lock:
             if self._cancelled_at is None:
                 return []
@@ -201,111 +170,164 @@ class InterruptScope:
         wins) and returns False; it returns True for the call that cancelled.
         An ``escalate_after`` is honoured on any call, though.
 
+        Every registered thing and every child scope is cut, whatever one cut
+        raises: an ``Exception`` from a cut is logged; a ``BaseException``
+        (``KeyboardInterrupt``, or the ``Interrupted`` of an ``interrupt()``
+        that registers on this very scope) is raised from ``cancel()`` once
+        all the cuts ran.
+
         Escalation is a last resort for pure-Python code that never reaches a
-        cooperative point: after ``escalate_after`` seconds, every thread this
-        scope owns that is still running its task gets ``Interrupted`` raised
-        asynchronously (``PyThreadState_SetAsyncExc``). It is only delivered
-        when the thread runs Python bytecode (not while it is blocked in a
-        system call or C code), it can land in any ``finally`` block or
-        between any two statements and break invariants there, and code may
-        catch and drop it. So it is never the plan: registration and
+        cooperative point: after ``escalate_after`` seconds (on the scope's
+        clock; infinite means never), every thread this scope and its
+        children own that is still running its task gets ``Interrupted``
+        raised asynchronously (``PyThreadState_SetAsyncExc``). It is only
+        delivered when the thread runs Python bytecode (not while it is
+        blocked in a system call or C code), it can land in any ``finally``
+        block or between any two statements and break invariants there, and
+        code may catch and drop it. So it is never the plan: registration and
         ``check()`` are. The ledger (``live()``) tells whether it worked.
         """
         if escalate_after is not None and (math.isnan(escalate_after) or escalate_after < 0):
             raise ValueError(f"escalate_after must be >= 0 seconds, not {escalate_after!r}")
         with self._lock:
-            first = self._state is ScopeState.OPEN
-            if first:
-                self._state = ScopeState.CANCELLED
-                self._reason = reason
-                self._cancelled_at = time.monotonic()
-                self._timeline.append(("cancel_requested", self._cancelled_at))
-                snapshot = sorted(self._registrations, key=_cut_order)
-                children = list(self._children)
-            if escalate_after is not None and self._escalation_timer is None:
-                ref = weakref.ref(self)
-                self._escalation_timer = call_later(escalate_after, lambda: _escalate_ref(ref))
-        if not first:
-            return False
-        self._cancelled_event.set()
-        if self._timeout_timer is not None:
-            self._timeout_timer.cancel()
-        assert self._reason is not None
-        self._cut_all(snapshot, self._reason)
-        for child in children:
-            child.cancel(self._reason)
-        if children:
-            self._mark("children_cancelled")
-        return True
+            found = self._latch_locked(reason)
+        try:
+            if found is not None:
+                self._cancel_tree(found, reason)
+        finally:
+            # After the cuts, so that nothing can keep them from running.
+            if escalate_after is not None:
+                self._schedule_escalation(escalate_after)
+        return found is not None
 
-    def _cut_all(self, snapshot: list[Registration], reason: str) -> None:
-        done: set[_Kind] = set()
-        for reg in snapshot:
-            if reg.kind is _Kind.THREAD:
+    def _schedule_escalation(self, delay: float) -> None:
+        # An endless delay schedules nothing, and leaves the door open to a
+        # finite one in a later call.
+        if is_never(delay):
+            return
+        with self._lock:
+            if self._escalation_timer is None:
+                ref = weakref.ref(self)
+                self._escalation_timer = self._clock.call_later(delay, lambda: _escalate_ref(ref))
+
+    def _latch_locked(self, reason: str) -> _Found | None:
+        """OPEN -> CANCELLED under the lock; what to cut, or None if already cancelled."""
+        if self._state is not ScopeState.OPEN:
+            return None
+        self._state = ScopeState.CANCELLED
+        self._reason = reason
+        self._cancelled_at = time.monotonic()
+        self._timeline.append((TimelineEvent.CANCEL_REQUESTED, self._cancelled_at))
+        # The cancelled state is set; from here on, nothing registers unseen.
+        self._cancelled_event.set()
+        return sorted(self._registrations, key=cut_order), list(self._children)
+
+    def _cancel_tree(self, found: _Found, reason: str) -> None:
+        """Cut this just-latched scope and its whole subtree, then raise what a cut raised."""
+        errors: list[BaseException] = []
+        pending: list[tuple[InterruptScope, _Found]] = [(self, found)]
+        parents: list[InterruptScope] = []
+        while pending:
+            scope, (registrations, children) = pending.pop()
+            if scope._timeout_timer is not None:
+                scope._timeout_timer.cancel()
+            scope._cut_all(registrations, reason, errors)
+            if children:
+                parents.append(scope)
+            for child in children:
+                with child._lock:
+                    child_found = child._latch_locked(reason)
+                if child_found is not None:
+                    pending.append((child, child_found))
+        # Deepest first: a parent's children are cancelled once theirs are.
+        for scope in reversed(parents):
+            scope._mark(TimelineEvent.CHILDREN_CANCELLED)
+        if errors:
+            for extra in errors[1:]:
+                _log.error("a cut also raised %r", extra)
+            raise errors[0]
+
+    def _cut_all(
+        self, registrations: list[Registration], reason: str, errors: list[BaseException]
+    ) -> None:
+        me = threading.get_ident()
+        for kind, group in itertools.groupby(registrations, key=kind_of):
+            if kind is Kind.THREAD:
                 continue  # Threads stop cooperatively, or by escalation.
-            me = threading.get_ident()
-            with self._lock:
-                if not reg.active:
-                    continue  # Unregistered since the snapshot: not ours to cut.
-                reg._cutting = me
-            try:
-                self._cut_one(reg, reason)
-            except Exception:
-                _log.exception("cutting %r failed", reg)
-            finally:
+            acted = False
+            for reg in group:
                 with self._lock:
-                    reg._cutting = 0
-                    self._cond.notify_all()
-            done.add(reg.kind)
-        for kind, event in _CUT_EVENTS.items():
-            if kind in done:
+                    if not reg.active:
+                        continue  # Unregistered since the cancel: not ours to cut.
+                    reg._cutting = me
+                try:
+                    assert reg.cuttable is not None
+                    acted = reg.cuttable.cut(reason) or acted
+                except Exception:
+                    _log.exception("cutting %r failed", reg)
+                except BaseException as exc:
+                    errors.append(exc)  # Raised once every cut ran.
+                finally:
+                    with self._lock:
+                        reg._cutting = 0
+                        self._cond.notify_all()
+            event = CUT_EVENTS.get(kind)
+            if acted and event is not None:
                 self._mark(event)
 
-    def _cut_one(self, reg: Registration, reason: str) -> None:
-        if reg.kind is _Kind.SOCKET:
-            cut_socket(reg.target)
-        elif reg.kind is _Kind.OBJECT:
-            reg.target.interrupt(reason)
-        elif reg.kind is _Kind.PROCESS:
-            target: ProcessTarget = reg.target
-            with self._lock:
-                # Owned until the kill is over, whatever the owner unregisters.
-                target.killing = True
-                self._processes.add(target)
-            target.signal(signal.SIGTERM)
-            # Marked before the kill thread starts, so that it comes before
-            # "processes_killed" in the timeline.
-            self._mark("processes_signalled", once=True)
-            target.start_kill(lambda: self._kill_done(target))
+    def _cut_on_entry(self, reg: Registration, reason: str) -> None:
+        if reg.cuttable is None:
+            return
+        try:
+            acted = reg.cuttable.cut(reason)
+        except Exception:
+            _log.exception("cutting %r on entry failed", reg)
+            return
+        event = CUT_EVENTS.get(reg.kind)
+        if acted and event is not None:
+            self._mark(event)
 
-    def _kill_done(self, target: ProcessTarget) -> None:
+    def _mark(self, event: TimelineEvent) -> None:
+        """Record ``event`` the first time it happens."""
+        with self._lock:
+            if all(seen is not event for seen, _ in self._timeline):
+                self._timeline.append((event, time.monotonic()))
+
+    def _process_signalled(self) -> None:
+        self._mark(TimelineEvent.PROCESSES_SIGNALLED)
+
+    def _process_killed(self, target: ProcessTarget) -> None:
         with self._lock:
             self._processes.discard(target)
             last = not any(p.killing for p in self._processes)
-        if last:
-            self._mark("processes_killed")
+        if last and target.signalled:
+            self._mark(TimelineEvent.PROCESSES_KILLED)
         self._changed()
 
-    def _mark(self, event: str, *, once: bool = False) -> None:
-        with self._lock:
-            if not (once and any(seen == event for seen, _ in self._timeline)):
-                self._timeline.append((event, time.monotonic()))
-
     def _escalate(self) -> None:
-        with self._lock:
-            self._escalated = True
-            threads = [
-                reg.target
-                for reg in self._registrations
-                if reg.kind is _Kind.THREAD and reg.in_user_code
-            ]
-            children = list(self._children)
-            for thread in threads:
-                _raise_in_thread(thread.ident, Interrupted)
-        if threads:
-            self._mark("escalated")
-        for child in children:
-            child._escalate()
+        for scope in self._walk():
+            with scope._lock:
+                scope._escalated = True
+                threads = [
+                    reg.target
+                    for reg in scope._registrations
+                    if reg.kind is Kind.THREAD and reg.in_user_code
+                ]
+                # Under the lock: a thread leaving its task takes it first,
+                # so it cannot get Interrupted once it has left.
+                for thread in threads:
+                    raise_in_thread(thread.ident, Interrupted)
+            if threads:
+                scope._mark(TimelineEvent.ESCALATED)
+
+    def _walk(self) -> Iterator[InterruptScope]:
+        """This scope and all its descendants, without recursion."""
+        stack: list[InterruptScope] = [self]
+        while stack:
+            scope = stack.pop()
+            yield scope
+            with scope._lock:
+                stack.extend(scope._children)
 
     def child(self, name: str | None = None, *, timeout: float | None = None) -> InterruptScope:
         """A new scope cancelled with this one, that can also be cancelled alone."""
@@ -321,19 +343,23 @@ class InterruptScope:
         child.cancel(reason or "cancelled")
 
     def close(self) -> None:
-        """Drop the timeout timer. Safe to call more than once."""
+        """Drop the timeout timer. Safe to call more than once, from any thread."""
         if self._timeout_timer is not None:
             self._timeout_timer.cancel()
 
     def __enter__(self) -> InterruptScope:
-        binding = bind_scope(self)
-        binding.__enter__()
-        self._bindings.append(binding)
+        enter_scope(self)
+        with self._lock:
+            self._entries += 1
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
-        self._bindings.pop().__exit__(*exc_info)
-        self.close()
+    def __exit__(self, *exc_info: object) -> None:
+        exit_scope(self)
+        with self._lock:
+            self._entries -= 1
+            last = self._entries == 0
+        if last:
+            self.close()
 
     # -- the cooperative points ------------------------------------------------
 
@@ -343,26 +369,30 @@ class InterruptScope:
             raise Interrupted(self._reason or "cancelled")
 
     def sleep(self, seconds: float) -> None:
-        """Sleep ``seconds``; on cancel, return at once by raising ``Interrupted``."""
-        if self._cancelled_event.wait(max(0.0, seconds)):
+        """Sleep ``seconds`` (inf: until cancelled); a cancel raises ``Interrupted`` at once."""
+        if self._cancelled_event.wait(_wait_timeout(max(0.0, seconds))):
             raise Interrupted(self._reason or "cancelled")
 
     def wait(self, event: threading.Event, timeout: float | None = None) -> bool:
         """``event.wait(timeout)``, except that a cancel ends it at once with ``Interrupted``.
 
         Returns what ``event.wait`` would: True once the event is set, False on
-        timeout.
+        timeout. Needs CPython's ``threading.Event`` (a flag and a Condition
+        in ``_cond``): raises ``RuntimeError`` for an event without one.
         """
         self.check()
         if event.is_set():
             return True
-        # Wait on the event's own condition (CPython's Event is a flag and a
-        # Condition), and let the cancel notify it: one wakeup, no polling.
-        cond: threading.Condition = event._cond  # type: ignore[attr-defined]
+        # Wait on the event's own condition and let the cancel notify it: one
+        # wakeup, no polling.
+        cond = _event_condition(event)
         waker = _EventWaker(cond)
         with self.register(waker):
             with cond:
-                set_ = cond.wait_for(lambda: event.is_set() or self.cancelled, timeout)
+                set_ = cond.wait_for(
+                    lambda: event.is_set() or self.cancelled,
+                    None if timeout is None else _wait_timeout(timeout),
+                )
         if event.is_set():
             return True
         self.check()
@@ -376,7 +406,7 @@ class InterruptScope:
         On a cancelled scope, interrupts ``obj`` at once and raises
         ``Interrupted``: a turn that starts after the cancel cannot escape it.
         """
-        return self._register(_Kind.OBJECT, obj)
+        return self._register(Kind.OBJECT, obj, ObjectCut(obj))
 
     def register_socket(self, sock: socket.socket) -> Registration:
         """Register a connected socket; a cut is ``shutdown(SHUT_RDWR)``, never ``close()``.
@@ -385,7 +415,7 @@ class InterruptScope:
         registration. On a cancelled scope, shuts it down at once and raises
         ``Interrupted``.
         """
-        return self._register(_Kind.SOCKET, sock)
+        return self._register(Kind.SOCKET, sock, SocketCut(sock))
 
     def register_process(
         self, popen: subprocess.Popen[Any], *, grace: float | None = None
@@ -396,8 +426,13 @@ class InterruptScope:
         (default 1), and reaps the leader. On a cancelled scope the kill
         starts at once and ``Interrupted`` is raised.
         """
-        grace = DEFAULT_KILL_GRACE if grace is None else grace
-        return self._register(_Kind.PROCESS, ProcessTarget(popen, grace))
+        target = ProcessTarget(
+            popen,
+            check_grace(grace),
+            on_signalled=self._process_signalled,
+            on_killed=self._process_killed,
+        )
+        return self._register(Kind.PROCESS, target, target)
 
     def popen(self, argv: list[str], *, grace: float | None = None, **kwargs: Any) -> ScopedPopen:
         """Start ``argv`` in its own session and register it with this scope.
@@ -407,21 +442,22 @@ class InterruptScope:
         its process group is killed, so nothing it started outlives it.
         Raises ``Interrupted`` (without starting anything) on a cancelled scope.
         """
-        self.check()
         return ScopedPopen(self, argv, grace=grace, **kwargs)
 
-    def _register(self, kind: _Kind, target: Any) -> Registration:
-        reg = Registration(self, kind, target)
+    def _register(self, kind: Kind, target: Any, cuttable: Cuttable | None) -> Registration:
+        reg = Registration(self, kind, target, cuttable)
         with self._lock:
+            if kind is Kind.PROCESS:
+                # Owned from here until its kill is over, also when it is cut
+                # on entry below.
+                self._processes.add(target)
             if self._state is ScopeState.OPEN:
                 self._registrations.add(reg)
                 self._counts[kind] += 1
-                if kind is _Kind.PROCESS:
-                    self._processes.add(target)
                 return reg
             reason = self._reason or "cancelled"
         reg.active = False
-        self._cut_one(reg, reason)
+        self._cut_on_entry(reg, reason)
         raise Interrupted(reason)
 
     def _unregister(self, reg: Registration) -> None:
@@ -432,12 +468,12 @@ class InterruptScope:
             reg.active = False
             self._registrations.discard(reg)
             self._counts[reg.kind] -= 1
-            if reg.kind is _Kind.PROCESS and not reg.target.killing:
-                self._processes.discard(reg.target)
             # A cut running on another thread finishes before we return, so the
             # owner may close the socket right after (fact 3).
             while reg._cutting not in (0, me):
                 self._cond.wait()
+            if reg.kind is Kind.PROCESS and not reg.target.killing:
+                self._processes.discard(reg.target)
         self._changed()
 
     def _changed(self) -> None:
@@ -461,29 +497,8 @@ class InterruptScope:
         scope is already cancelled. While ``fn`` runs, the thread counts in
         ``live()["threads"]`` and is a target of escalation.
         """
-        reg = self._register(_Kind.THREAD, threading.current_thread())
-        return self._run_registered(reg, fn, *args, **kwargs)
-
-    def _run_registered(
-        self, reg: Registration, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
-    ) -> T:
-        # The one place that binds a scope around work in a thread.
-        try:
-            with bind_scope(self):
-                self.check()
-                with self._lock:
-                    reg.in_user_code = True
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    with self._lock:
-                        reg.in_user_code = False
-                    if self._escalated:
-                        # An escalation may be set but not yet delivered: drop
-                        # it rather than let it land in our bookkeeping.
-                        _raise_in_thread(threading.get_ident(), None)
-        finally:
-            self._unregister(reg)
+        reg = self._register(Kind.THREAD, threading.current_thread(), None)
+        return run_registered(self, reg, fn, *args, **kwargs)
 
     def spawn(
         self, fn: Callable[..., T], /, *args: Any, name: str | None = None, **kwargs: Any
@@ -498,24 +513,10 @@ class InterruptScope:
         cancel at its cooperative points (``check``, ``sleep``, registered
         sockets) or through escalation, and counts in ``live()`` until then.
         """
-        future: Future[T] = Future()
-        future.set_running_or_notify_cancel()
+        return start_thread(self, self._register_thread, fn, args, kwargs, name)
 
-        def main() -> None:
-            try:
-                future.set_result(self._run_registered(reg, fn, *args, **kwargs))
-            except BaseException as exc:  # Interrupted included: the future carries it.
-                future.set_exception(exc)
-
-        thread = threading.Thread(target=main, name=name or _thread_name(self), daemon=True)
-        # Registered before start() so that wait_quiescent() cannot miss it.
-        reg = self._register(_Kind.THREAD, thread)
-        try:
-            thread.start()
-        except BaseException:
-            self._unregister(reg)
-            raise
-        return future
+    def _register_thread(self, thread: threading.Thread) -> Registration:
+        return self._register(Kind.THREAD, thread, None)
 
     def executor(self, max_workers: int | None = None) -> ScopeExecutor:
         """A thread pool whose tasks run with the submitting context's scope bound."""
@@ -524,7 +525,7 @@ class InterruptScope:
     # -- the ledger ------------------------------------------------------------
 
     def live(self) -> dict[str, int]:
-        """What this scope and its children own right now, by kind.
+        """What this scope and its descendants own right now, by kind.
 
         Keys: ``threads``, ``sockets``, ``processes``, ``objects``. A cut
         process counts until its group was killed and the leader reaped.
@@ -533,7 +534,13 @@ class InterruptScope:
             return self._live_locked()
 
     def wait_quiescent(self, timeout: float | None = None) -> bool:
-        """Wait until ``live()`` is all zero; False if ``timeout`` passed first."""
+        """Wait until ``live()`` is all zero; False if ``timeout`` passed first.
+
+        Safe from any thread; wakes when anything of this scope or a
+        descendant ends. ``timeout`` is wall-clock seconds (infinite: none).
+        """
+        if timeout is not None and is_never(timeout):
+            timeout = None
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._quiescence_waiters += 1
@@ -548,32 +555,34 @@ class InterruptScope:
                 self._quiescence_waiters -= 1
 
     def _live_locked(self) -> dict[str, int]:
-        # Takes the children's locks under ours: parent -> child is the only
-        # nesting order in this module (cancel and _changed never nest).
+        # Takes each descendant's lock in turn under ours: ancestor ->
+        # descendant is the only nesting order in this module (cancel,
+        # _changed and _adopt never hold one scope's lock while taking another's).
+        counts = self._own_counts_locked()
+        stack = list(self._children)
+        while stack:
+            scope = stack.pop()
+            with scope._lock:
+                for key, n in scope._own_counts_locked().items():
+                    counts[key] += n
+                stack.extend(scope._children)
+        return counts
+
+    def _own_counts_locked(self) -> dict[str, int]:
         counts = {kind.value: n for kind, n in self._counts.items()}
-        counts["processes"] = len(self._processes)
-        for child in list(self._children):
-            for key, n in child.live().items():
-                counts[key] += n
+        counts[Kind.PROCESS.value] = len(self._processes)
         return counts
 
 
-_CUT_EVENTS = {_Kind.SOCKET: "sockets_shut", _Kind.OBJECT: "agents_interrupted"}
-_ORDER = {kind: i for i, kind in enumerate(_Kind)}
+def _wait_timeout(seconds: float) -> float | None:
+    """A timeout for a threading wait: None for one too long to pass to it."""
+    return None if is_never(seconds) else seconds
 
 
-def _thread_name(scope: InterruptScope) -> str:
-    return f"wirecut-{scope.name}" if scope.name else "wirecut-scope"
-
-
-def _cut_order(reg: Registration) -> int:
-    return _ORDER[reg.kind]
-
-
-def _cancel_ref(ref: weakref.ref[InterruptScope], reason: str) -> None:
+def _cancel_ref(ref: weakref.ref[InterruptScope]) -> None:
     scope = ref()
     if scope is not None:
-        scope.cancel(reason)
+        scope.cancel("timeout")
 
 
 def _escalate_ref(ref: weakref.ref[InterruptScope]) -> None:
@@ -582,12 +591,15 @@ def _escalate_ref(ref: weakref.ref[InterruptScope]) -> None:
         scope._escalate()
 
 
-def _raise_in_thread(ident: int | None, exc_type: type[BaseException] | None) -> None:
-    """Schedule ``exc_type`` in thread ``ident`` (None clears a pending one)."""
-    if ident is not None:
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(
-            ctypes.c_ulong(ident), None if exc_type is None else ctypes.py_object(exc_type)
+def _event_condition(event: threading.Event) -> threading.Condition:
+    """The Condition inside CPython's ``threading.Event``, which ``scope.wait()`` needs."""
+    cond = getattr(event, "_cond", None)
+    if not isinstance(cond, threading.Condition):
+        raise RuntimeError(
+            f"scope.wait() needs a threading.Event that keeps a Condition in `_cond` "
+            f"(CPython's does); {event!r} has none"
         )
+    return cond
 
 
 class _EventWaker:
@@ -601,68 +613,3 @@ class _EventWaker:
     def interrupt(self, reason: str) -> None:
         with self._cond:
             self._cond.notify_all()
-
-
-class ScopedPopen(subprocess.Popen[Any]):
-    """A ``subprocess.Popen`` started by ``scope.popen()``: its own session, registered.
-
-    Its registration ends when it has been waited for (``wait``,
-    ``communicate``, ``run``-style use, or the ``with`` block); then whatever is
-    left of its process group is killed.
-    """
-
-    def __init__(
-        self, scope: InterruptScope, argv: list[str], *, grace: float | None, **kwargs: Any
-    ) -> None:
-        kwargs["start_new_session"] = True
-        super().__init__(argv, **kwargs)
-        self._registration: Registration | None = None
-        try:
-            self._registration = scope.register_process(self, grace=grace)
-        except Interrupted:
-            # Cancelled while it started: the cut on entry kills it within
-            # the grace. Close its pipes and reap it here, as the caller
-            # never gets the object to do so.
-            with self:
-                pass
-            raise
-
-    def wait(self, timeout: float | None = None) -> int:
-        code = super().wait(timeout)
-        self._release()
-        return code
-
-    def __exit__(self, *exc_info: Any) -> None:
-        super().__exit__(*exc_info)
-        self._release()
-
-    def _release(self) -> None:
-        registration = self._registration
-        if registration is not None and registration.active:
-            registration.unregister()
-            target: ProcessTarget = registration.target
-            if target.own_group:
-                target.kill_remaining()
-
-
-class ScopeExecutor(ThreadPoolExecutor):
-    """A thread pool whose every task runs under ``scope.run()``.
-
-    A task runs with the scope bound in the submitting context (a child scope,
-    say), else the executor's own scope, and in a copy of the submitting
-    context, like ``asyncio.to_thread``.
-
-    Cancellation: ``submit()`` on a cancelled scope raises ``Interrupted``; a
-    task that was queued when the cancel came completes with ``Interrupted``
-    without running. Running tasks see the cancel at their cooperative points.
-    """
-
-    def __init__(self, scope: InterruptScope, max_workers: int | None = None) -> None:
-        super().__init__(max_workers, thread_name_prefix=_thread_name(scope))
-        self.scope = scope
-
-    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
-        scope = current_scope() or self.scope
-        scope.check()
-        context = contextvars.copy_context()
-        return super().submit(context.run, scope.run, fn, *args, **kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,86 @@
+"""``Registration``: one thing registered with a scope, and the kinds there are."""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any
+
+from wirecut.scope._cuttables import Cuttable
+from wirecut.scope._timeline import TimelineEvent
+
+if TYPE_CHECKING:
+    from wirecut.scope._interrupt_scope import InterruptScope
+
+__all__ = ["CUT_EVENTS", "Kind", "Registration", "cut_order", "kind_of"]
+
+
+class Kind(enum.Enum):
+    """What a registration is, for the ledger; cut in this order.
+
+    Sockets first, since a blocked read is what keeps a provider slot busy;
+    threads are never cut, only escalated.
+    """
+
+    SOCKET = "sockets"  # a connected socket: shut down
+    OBJECT = "objects"  # an Interruptible (an agent turn, a wakeable wait): interrupt()
+    PROCESS = "processes"  # a child process: its group killed
+    THREAD = "threads"  # a thread running the scope's work: escalation only
+
+
+# The event a cut of each kind marks when it acted. Processes mark their own
+# two steps (signalled, then killed on the kill thread); threads are not cut.
+CUT_EVENTS = {
+    Kind.SOCKET: TimelineEvent.SOCKETS_SHUT,
+    Kind.OBJECT: TimelineEvent.OBJECTS_INTERRUPTED,
+}
+ORDER = {kind: i for i, kind in enumerate(Kind)}
+
+
+class Registration:
+    """A handle on one registered thing; leaving it (or ``unregister()``) ends it.
+
+    ``unregister()`` is idempotent and safe from any thread. Once it returns, the
+    scope will not cut the thing: if a cut was running on another thread at that
+    moment, ``unregister()`` waits for it to finish, so an owner may close its
+    socket right after.
+
+    ``target`` is what was registered (the socket, the object, the thread, or
+    the ``ProcessTarget`` of a process); ``cuttable`` is how the scope cuts it
+    (None for a thread).
+    """
+
+    __slots__ = ("_cutting", "_scope", "active", "cuttable", "in_user_code", "kind", "target")
+
+    def __init__(
+        self, scope: InterruptScope, kind: Kind, target: Any, cuttable: Cuttable | None
+    ) -> None:
+        self._scope = scope
+        self.kind = kind
+        self.target = target
+        self.cuttable = cuttable
+        self.active = True
+        # Ident of the thread cutting this registration right now, or 0.
+        self._cutting = 0
+        # Threads only: escalation may raise in it (it runs the task's code).
+        self.in_user_code = False
+
+    def unregister(self) -> None:
+        self._scope._unregister(self)
+
+    def __enter__(self) -> Registration:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._scope._unregister(self)
+
+    def __repr__(self) -> str:
+        state = "active" if self.active else "ended"
+        return f"<Registration {self.kind.name.lower()} {state} {self.target!r}>"
+
+
+def kind_of(reg: Registration) -> Kind:
+    return reg.kind
+
+
+def cut_order(reg: Registration) -> int:
+    return ORDER[reg.kind]
