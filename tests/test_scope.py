@@ -421,6 +421,31 @@ def test_timeline_says_sockets_shut_only_when_one_was() -> None:
     assert events(mixed) == [TimelineEvent.CANCEL_REQUESTED, TimelineEvent.SOCKETS_SHUT]
 
 
+def test_a_childs_unwind_steps_are_in_the_cancelled_ancestors_timeline() -> None:
+    host = InterruptScope("host")
+    turn = host.child("turn")
+    with socket_pair() as (a, _b), turn.register_socket(a):
+        host.cancel()
+        assert a.recv(1) == b""
+    assert events(turn) == [TimelineEvent.CANCEL_REQUESTED, TimelineEvent.SOCKETS_SHUT]
+    assert events(host) == [
+        TimelineEvent.CANCEL_REQUESTED,
+        TimelineEvent.SOCKETS_SHUT,
+        TimelineEvent.CHILDREN_CANCELLED,
+    ]
+
+
+def test_a_child_cut_alone_leaves_its_open_parent_without_a_timeline() -> None:
+    host = InterruptScope("host")
+    turn = host.child("turn")
+    with socket_pair() as (a, _b), turn.register_socket(a):
+        turn.cancel()
+    assert events(turn) == [TimelineEvent.CANCEL_REQUESTED, TimelineEvent.SOCKETS_SHUT]
+    assert host.timeline == []
+    host.cancel()
+    assert events(host) == [TimelineEvent.CANCEL_REQUESTED, TimelineEvent.CHILDREN_CANCELLED]
+
+
 def test_unregistered_socket_is_untouched() -> None:
     scope = InterruptScope()
     with socket_pair() as (a, b):
@@ -905,7 +930,8 @@ def test_child_is_cancelled_with_its_parent() -> None:
     assert child.reason == "user"
     assert grandchild.reason == "user"
     assert recorder.reasons == ["user"]
-    assert events(parent) == ["cancel_requested", "children_cancelled"]
+    # The grandchild's cut is part of the parent's unwind.
+    assert events(parent) == ["cancel_requested", "objects_interrupted", "children_cancelled"]
 
 
 def test_child_can_be_cancelled_alone() -> None:

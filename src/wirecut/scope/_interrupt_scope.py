@@ -147,8 +147,10 @@ class InterruptScope:
     def timeline(self) -> list[tuple[TimelineEvent, float]]:
         """The steps of the unwind so far: ``(event, ms since the cancel)``.
 
-        Each event appears once, when it first happened, and only if it
-        happened (see ``TimelineEvent``). Times are wall-clock milliseconds
+        The unwind of this scope's whole subtree: a step taken in a child
+        scope after this one was cancelled counts here too. Each event
+        appears once, when it first happened, and only if it happened (see
+        ``TimelineEvent``). Times are wall-clock milliseconds
         whatever the scope's ``clock``.
         """
         with self._lock:
@@ -288,10 +290,21 @@ class InterruptScope:
             self._mark(event)
 
     def _mark(self, event: TimelineEvent) -> None:
-        """Record ``event`` the first time it happens."""
-        with self._lock:
-            if all(seen is not event for seen, _ in self._timeline):
-                self._timeline.append((event, time.monotonic()))
+        """Record ``event`` the first time it happens, here and in each cancelled ancestor.
+
+        A cancel's unwind is that of its whole subtree: the socket of an agent
+        turn (a child scope) is shut as part of its host's unwind, and the
+        host's timeline says so. An ancestor that is not cancelled (a child
+        cut alone) has no unwind to add to.
+        """
+        now = time.monotonic()
+        scope: InterruptScope | None = self
+        while scope is not None:
+            with scope._lock:
+                if scope is self or scope._cancelled_at is not None:
+                    if all(seen is not event for seen, _ in scope._timeline):
+                        scope._timeline.append((event, now))
+            scope = scope.parent
 
     def _process_signalled(self) -> None:
         self._mark(TimelineEvent.PROCESSES_SIGNALLED)
