@@ -3,8 +3,10 @@
 Run: ``python bench/bench_agent.py [--trials 100]``. Each trial runs a turn on
 a thread owned by a host scope (as a host does), waits with a bound until the
 turn is blocked at one point (the model streaming, the header wait of a
-non-streaming call, a tool's subprocess, a tool's ``scope.sleep``, a thread the
-tool spawned through the scope, a delegated child agent's stream), cancels,
+non-streaming call, a tool's subprocess, the same with a descendant that
+escaped the process group and holds the output open, a tool's
+``scope.sleep``, a thread the tool spawned through the scope, a delegated
+child agent's stream), cancels,
 and measures until ``run_conversation`` returned in that thread. Real sockets,
 threads and processes against an in-process simulator.
 
@@ -18,6 +20,8 @@ import argparse
 import functools
 import os
 import select
+import signal
+import sys
 import tempfile
 import threading
 import time
@@ -40,6 +44,21 @@ SHELL_GRACE = 1.0  # seconds between SIGTERM and SIGKILL for the shell tool
 
 Turn = Future[tuple[ConversationResult, float]]
 
+# A program whose grandchild leaves its process group (a new session, a second
+# fork) and keeps stdout open; the grandchild writes its pid into the FIFO.
+ESCAPING_PROGRAM = """
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        with open(sys.argv[1], "w") as fifo:
+            fifo.write(str(os.getpid()))
+        time.sleep(300)
+    os._exit(0)
+os.wait()
+time.sleep(300)
+"""
+
 
 def _call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     """A scripted assistant reply asking for one tool call."""
@@ -58,6 +77,7 @@ class Lab:
         self.fifo = fifo
         self.replies: dict[str, Mapping[str, Any]] = {
             "shell": _call("shell", {"argv": ["sh", "-c", f"echo up > {fifo}; sleep 300"]}),
+            "escape": _call("shell", {"argv": [sys.executable, "-c", ESCAPING_PROGRAM, fifo]}),
             "nap": _call("nap", {"seconds": 300}),
             "crunch": _call("crunch", {}),
             "parent task": _call("delegate", {"task": "child task"}),
@@ -111,6 +131,7 @@ class Blocked:
     host: InterruptScope
     turn: Turn
     request_id: str | None  # the request in flight at the cut, if there is one
+    escaped_pid: int | None = None  # a process outside the group, killed after the trial
 
 
 def _run_turn(
@@ -175,6 +196,35 @@ def in_subprocess(lab: Lab) -> Blocked:
     finally:
         os.close(fd)
     return blocked
+
+
+def in_subprocess_with_an_escaped_descendant(lab: Lab) -> Blocked:
+    fd = os.open(lab.fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        blocked = _start(
+            AIAgent(lab.client("escape"), tools=[shell_tool(grace=SHELL_GRACE)]), "escape"
+        )
+        readable, _, _ = select.select([fd], [], [], BLOCKED_WITHIN)
+        if not readable:
+            _abandon(blocked)
+            raise TimeoutError(f"the program did not start within {BLOCKED_WITHIN} s")
+        blocked.escaped_pid = int(os.read(fd, 64))
+    finally:
+        os.close(fd)
+    return blocked
+
+
+def _kill_escaped(pid: int) -> None:
+    # Outside the group, only its pid reaches it; wait (bounded) until it is gone.
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+        select.select([pidfd], [], [], RETURN_WITHIN)
+    finally:
+        os.close(pidfd)
 
 
 def in_scope_sleep(lab: Lab) -> Blocked:
@@ -249,6 +299,12 @@ MODES = [
         f"< SIGTERM->SIGKILL grace ({SHELL_GRACE:g} s); sh dies on SIGTERM",
         in_flight=False,
     ),
+    Mode(
+        "shell, a descendant escaped the group",
+        in_subprocess_with_an_escaped_descendant,
+        f"< SIGTERM->SIGKILL grace ({SHELL_GRACE:g} s); python dies on SIGTERM",
+        in_flight=False,
+    ),
     Mode("tool in scope.sleep", in_scope_sleep, "p99 < 50 ms", in_flight=False),
     Mode("thread spawned by the tool", in_spawned_thread, "p99 < 50 ms", in_flight=False),
     Mode("delegated child agent", in_child_agent, "p99 < 50 ms", in_flight=True),
@@ -278,6 +334,14 @@ def one_trial(lab: Lab, mode: Mode, tally: Tally) -> None:
     except TimeoutError:
         tally.not_blocked += 1
         return
+    try:
+        measure(lab, blocked, tally)
+    finally:
+        if blocked.escaped_pid is not None:
+            _kill_escaped(blocked.escaped_pid)
+
+
+def measure(lab: Lab, blocked: Blocked, tally: Tally) -> None:
     cancelled_at = time.perf_counter()
     blocked.host.cancel("user")
     try:

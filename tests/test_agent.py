@@ -9,8 +9,12 @@ that was in flight.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
+import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
@@ -31,6 +35,7 @@ from wirecut.agent import (
     shell_tool,
     tool,
 )
+from wirecut.agent._builtins import ESCAPED_NOTE
 from wirecut.provider import ChatClient
 from wirecut.scope import InterruptScope
 from wirecut.simulator import SimConfig, SimulatorServer
@@ -260,9 +265,50 @@ def test_interrupt_from_the_host_cuts_without_a_scope(
     provider.wait("token", nth=2)
     agent.interrupt("stop button")
     thread.join(BOUND)
+    assert not thread.is_alive(), "the turn did not return after interrupt()"
     assert outcome[0].status is ConversationStatus.INTERRUPTED
     assert outcome[0].reason == "stop button"
     provider.server.wait_for_event("peer_closed", timeout=BOUND)
+
+
+def test_a_running_turn_is_in_the_host_scopes_ledger(
+    provider: Provider, client: ChatClient
+) -> None:
+    streaming = threading.Event()
+    host = InterruptScope("host")
+    future = host.spawn(
+        AIAgent(client).run_conversation, "hello", on_token=lambda _: streaming.set()
+    )
+    assert streaming.wait(BOUND)
+    mid_turn = host.live()
+    host.cancel("user")
+    assert_cut(host, future, provider, "user")
+    # The turn itself is registered with the host's scope (an object), and
+    # its scope is a child of the host's, so the turn's request counts there.
+    assert mid_turn == {"threads": 1, "sockets": 1, "processes": 0, "objects": 1}
+
+
+def test_tools_run_in_a_turn_scope_that_is_a_child_of_the_host_scope(
+    provider: Provider, client: ChatClient
+) -> None:
+    seen: list[InterruptScope | None] = []
+
+    def where() -> str:
+        """Say where you run."""
+        seen.append(ws.current_scope())
+        return "here"
+
+    provider.script = lambda request: (
+        call("where", {}) if _last(request)["role"] == "user" else {"content": "done"}
+    )
+    host = InterruptScope("host")
+    with ws.bind_scope(host):
+        result = AIAgent(client, tools=[where]).run_conversation("where?")
+    assert result.status is ConversationStatus.OK
+    (turn,) = seen
+    assert turn is not None
+    assert turn is not host
+    assert turn.parent is host
 
 
 # -- interrupt semantics --------------------------------------------------------------------
@@ -455,6 +501,149 @@ def test_shell_tool_runs_argv_and_never_a_shell_line() -> None:
         shell.call('{"argv": ["sh", "-c", "echo hi"]}')
     with pytest.raises(ToolCallError, match="argv"):
         shell.call('{"argv": "echo hi"}')
+
+
+# A program whose grandchild escapes its process group (a new session, and a
+# second fork so that it leads nothing) and keeps the inherited stdout open.
+# The escaped process writes its pid into the FIFO argv[1]; with argv[2]
+# "stay" the program itself runs on after printing "hi", else it exits.
+ESCAPING_PROGRAM = """
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        with open(sys.argv[1], "w") as fifo:
+            fifo.write(str(os.getpid()))
+        time.sleep(300)
+    os._exit(0)
+os.wait()
+print("hi", flush=True)
+if sys.argv[2] == "stay":
+    time.sleep(300)
+"""
+
+
+def _exited(pid: int, timeout: float) -> bool:
+    """Whether ``pid`` exits within ``timeout`` (a zombie has); waits on a pidfd, no polling."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
+
+
+class EscapedProcess:
+    """The escaping program's argv, and its escaped grandchild, killed at the end by pid."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.fifo = tmp_path / "escaped.pid"
+        os.mkfifo(self.fifo)
+        # Non-blocking, so that opening does not wait for the writer; select does, bounded.
+        self._fd = os.open(self.fifo, os.O_RDONLY | os.O_NONBLOCK)
+        self._pid: int | None = None
+
+    def argv(self, mode: str) -> str:
+        return json.dumps({"argv": [sys.executable, "-c", ESCAPING_PROGRAM, str(self.fifo), mode]})
+
+    def pid(self) -> int:
+        """Wait (bounded) until the escaped process runs; its pid."""
+        if self._pid is None:
+            assert select.select([self._fd], [], [], BOUND)[0], "the program never escaped"
+            self._pid = int(os.read(self._fd, 64))
+        return self._pid
+
+    def kill(self) -> None:
+        try:
+            pid = self.pid()
+        finally:
+            os.close(self._fd)
+        # Outside the group, nothing but its pid reaches it.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        assert _exited(pid, BOUND)
+
+
+@pytest.fixture
+def escaped(tmp_path: Path) -> Iterator[EscapedProcess]:
+    process = EscapedProcess(tmp_path)
+    yield process
+    process.kill()
+
+
+def test_shell_tool_returns_at_once_on_cancel_though_a_descendant_escaped(
+    escaped: EscapedProcess,
+) -> None:
+    host = InterruptScope("host")
+    future = host.spawn(shell_tool().call, escaped.argv("stay"))
+    pid = escaped.pid()  # the program runs, and its grandchild left the group
+    host.cancel("user")
+    # The escaped process holds the output open for 300 s: the tool stops
+    # reading the pipe of a killed group instead of waiting for EOF.
+    with pytest.raises(ws.Interrupted):
+        future.result(BOUND)
+    assert host.wait_quiescent(BOUND), host.live()
+    assert not _exited(pid, 0)  # beyond a group kill: the fixture kills it by pid
+
+
+def test_shell_tool_timeout_holds_though_a_descendant_escaped(escaped: EscapedProcess) -> None:
+    host = InterruptScope("host")
+    future = host.spawn(shell_tool(timeout=0.5).call, escaped.argv("stay"))
+    escaped.pid()
+    output = future.result(BOUND)
+    assert output.startswith("error: ")
+    assert "timed out after 0.5 s\nhi\n" in output
+    assert output.endswith(ESCAPED_NOTE)
+    assert "escaped the process group" in ESCAPED_NOTE
+    assert host.wait_quiescent(BOUND), host.live()
+
+
+def test_shell_tool_returns_when_the_program_exits_though_a_descendant_escaped(
+    escaped: EscapedProcess,
+) -> None:
+    host = InterruptScope("host")
+    future = host.spawn(shell_tool().call, escaped.argv("exit"))
+    escaped.pid()
+    assert future.result(BOUND) == f"exit status 0\nhi\n{ESCAPED_NOTE}"
+
+
+def test_shell_tool_kills_what_the_program_left_in_its_group(tmp_path: Path) -> None:
+    # Without an escape, the program's end is the end: its background job
+    # (same group) is killed, and nothing is reported as escaped.
+    pidfile = tmp_path / "job.pid"
+    line = f"sleep 300 & echo $! > {pidfile}; echo $!"
+    host = InterruptScope("host")
+    future = host.spawn(shell_tool().call, json.dumps({"argv": ["sh", "-c", line]}))
+    try:
+        output = future.result(BOUND)
+    except TimeoutError:
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)  # the job holds the tool: end it
+        raise
+    status, pid, rest = output.split("\n")
+    assert (status, rest) == ("exit status 0", "")
+    assert _exited(int(pid), 0)
+
+
+def test_shell_tool_feeds_stdin_and_survives_a_program_that_stops_reading() -> None:
+    shell = shell_tool()
+    data = "x" * 1_000_000  # far more than a pipe holds
+
+    def run(*argv: str) -> str:
+        return shell.call(json.dumps({"argv": argv, "stdin": data}))
+
+    assert run("wc", "-c") == "exit status 0\n1000000\n"
+    assert run("head", "-c", "3") == "exit status 0\nxxx"  # stops reading: the rest is dropped
+
+
+@pytest.mark.parametrize(
+    ("options", "name"),
+    [({"timeout": float("nan")}, "timeout"), ({"timeout": 0}, "timeout"), ({"grace": -1}, "grace")],
+)
+def test_shell_tool_refuses_bad_options(options: dict[str, float], name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        shell_tool(**options)
 
 
 def test_delegate_returns_the_child_agents_answer(provider: Provider, client: ChatClient) -> None:

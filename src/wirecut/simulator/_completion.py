@@ -17,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from wirecut.simulator import _openai_format as fmt
 from wirecut.simulator._chat_request import ChatRequest
@@ -34,6 +35,8 @@ from wirecut.simulator._slots import Slot, SlotPool
 from wirecut.simulator._words import count_prompt_tokens, word_stream
 
 __all__ = ["CompletionResponse", "Runtime"]
+
+_log = logging.getLogger("wirecut.simulator")
 
 
 @dataclass(slots=True)
@@ -85,6 +88,13 @@ class CompletionResponse(Response):
         self.status_code = 200
         self.background = None
         self._peer_gone_at: float | None = None
+        # The slot this request holds, once it has one; _serve frees it.
+        self._slot: Slot | None = None
+        # Set by _finish: the request_finished event is logged.
+        self._finished = False
+        # How far the response got: headers sent, last body part sent.
+        self._response_started = False
+        self._response_complete = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gone = asyncio.Event()
@@ -94,11 +104,23 @@ class CompletionResponse(Response):
             stop.set()
         watcher = asyncio.create_task(self._watch_disconnect(receive, gone))
         try:
-            await self._serve(send, gone, stop)
+            await self._serve(self._tracking(send), gone, stop)
         finally:
             self._rt.active.discard(stop)
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
+
+    def _tracking(self, send: Send) -> Send:
+        """``send``, noting how far the response got (for the answer to a failure)."""
+
+        async def tracked(message: Message) -> None:
+            await send(message)
+            if message["type"] == "http.response.start":
+                self._response_started = True
+            elif not message.get("more_body", False):
+                self._response_complete = True
+
+        return tracked
 
     async def _watch_disconnect(self, receive: Receive, gone: asyncio.Event) -> None:
         # The body was already read, so the next message is http.disconnect:
@@ -121,6 +143,28 @@ class CompletionResponse(Response):
             scripted=self._scripted is not None,
             max_tokens=req.max_tokens,
         )
+        try:
+            await self._respond(request_id, send, gone, stop)
+        except Exception:
+            # A bug of the simulator's own. The request ends in the log, and
+            # the client is told in the OpenAI error shape (or, with the
+            # stream's headers out, by a stream cut short), never left hanging.
+            _log.exception("the simulator failed serving %s", request_id)
+            self._finish_failed(request_id)
+            with contextlib.suppress(Exception):
+                await self._answer_failure(send)
+        finally:
+            # Whatever ended it (a failure, a cancelled task), every request
+            # ends with request_finished, and before its slot is freed.
+            self._finish_failed(request_id)
+            if self._slot is not None:
+                rt.pool.release(self._slot)
+                rt.events.append(EventKind.SLOT_FREED, request_id, slot=self._slot.id)
+
+    async def _respond(
+        self, request_id: str, send: Send, gone: asyncio.Event, stop: asyncio.Event
+    ) -> None:
+        rt, req = self._rt, self._request
         headers = {"x-request-id": request_id}
         if req.stream:
             # Headers go out at once, as llama.cpp's chunked provider does.
@@ -152,10 +196,12 @@ class CompletionResponse(Response):
                     self._finish(request_id, RequestState.ABORTED, "shutdown", 0)
                     await _end_body(send, req.stream)
                 return
+        # From here on _serve frees it, whatever happens.
+        self._slot = slot
 
+        rt.ledger.move(request_id, RequestState.PROMPT, slot=slot.id)
+        rt.events.append(EventKind.SLOT_ACQUIRED, request_id, slot=slot.id)
         try:
-            rt.ledger.move(request_id, RequestState.PROMPT, slot=slot.id)
-            rt.events.append(EventKind.SLOT_ACQUIRED, request_id, slot=slot.id)
             await self._decode(request_id, slot, send, stop, headers)
         except _PeerClosed as closed:
             self._finish_peer_closed(request_id, closed.where, slot.n_decoded)
@@ -165,9 +211,16 @@ class CompletionResponse(Response):
         except _Aborted:
             self._finish(request_id, RequestState.ABORTED, "shutdown", slot.n_decoded)
             await _end_body(send, req.stream)
-        finally:
-            rt.pool.release(slot)
-            rt.events.append(EventKind.SLOT_FREED, request_id, slot=slot.id)
+
+    async def _answer_failure(self, send: Send) -> None:
+        if self._response_complete:
+            return
+        if self._response_started:
+            # A stream whose headers are out ends without [DONE]: a cut reply.
+            await send(_body(b"", more=False))
+            return
+        error = fmt.error_body("the simulator failed; see its log", "server_error")
+        await _send_json(send, error, {}, status=500)
 
     async def _decode(
         self,
@@ -261,8 +314,15 @@ class CompletionResponse(Response):
         self._finish(request_id, RequestState.PEER_CLOSED, "peer_closed", n_decoded)
 
     def _finish(self, request_id: str, state: RequestState, reason: str, n: int) -> None:
+        # Set first: a request is finished once, even if the move below failed.
+        self._finished = True
         self._rt.ledger.move(request_id, state, finish_reason=reason)
         self._rt.events.append(EventKind.REQUEST_FINISHED, request_id, reason=reason, n_decoded=n)
+
+    def _finish_failed(self, request_id: str) -> None:
+        if not self._finished:
+            n = self._slot.n_decoded if self._slot is not None else 0
+            self._finish(request_id, RequestState.FAILED, "error", n)
 
 
 async def _sleep(seconds: float, stop: asyncio.Event) -> None:
@@ -297,12 +357,14 @@ async def _end_body(send: Send, started: bool) -> None:
         await send(_body(fmt.json_bytes(err), more=False))
 
 
-async def _send_json(send: Send, payload: dict[str, object], headers: dict[str, str]) -> None:
+async def _send_json(
+    send: Send, payload: dict[str, object], headers: dict[str, str], status: int = 200
+) -> None:
     data = fmt.json_bytes(payload)
     await send(
         {
             "type": "http.response.start",
-            "status": 200,
+            "status": status,
             "headers": _raw_headers(
                 {**headers, "content-type": "application/json", "content-length": str(len(data))}
             ),

@@ -38,7 +38,8 @@ class EventKind(enum.StrEnum):
     # (detail: where = "queue" | "prompt" | "decode", n_decoded, t_disconnect).
     PEER_CLOSED = "peer_closed"
     # The request is over (detail: reason = "stop" | "length" | "tool_calls" |
-    # "peer_closed" | "shutdown", n_decoded).
+    # "peer_closed" | "shutdown" | "error", n_decoded). Every request ends
+    # with one, before its slot_freed.
     REQUEST_FINISHED = "request_finished"
     # The slot is free again or handed to the next queued request (detail: slot).
     SLOT_FREED = "slot_freed"

@@ -4,7 +4,7 @@ The event loop drives each request through ``RequestLedger.move``; any thread
 may read ``summaries()``. The lifecycle::
 
     QUEUED -> PROMPT -> DECODING -> FINISHED
-    (QUEUED | PROMPT | DECODING) -> PEER_CLOSED | ABORTED
+    (QUEUED | PROMPT | DECODING) -> PEER_CLOSED | ABORTED | FAILED
 """
 
 from __future__ import annotations
@@ -32,25 +32,18 @@ class RequestState(enum.StrEnum):
     PEER_CLOSED = "peer_closed"
     # The simulator shut down under the request.
     ABORTED = "aborted"
+    # The simulator failed serving it (its own bug): the client got a 500 in
+    # the OpenAI error shape, or a stream cut short.
+    FAILED = "failed"
 
 
-_TERMINAL = frozenset({RequestState.FINISHED, RequestState.PEER_CLOSED, RequestState.ABORTED})
+_ENDED_EARLY = frozenset({RequestState.PEER_CLOSED, RequestState.ABORTED, RequestState.FAILED})
+_TERMINAL = _ENDED_EARLY | {RequestState.FINISHED}
 _ALLOWED: dict[RequestState, frozenset[RequestState]] = {
-    RequestState.QUEUED: frozenset(
-        {RequestState.PROMPT, RequestState.PEER_CLOSED, RequestState.ABORTED}
-    ),
+    RequestState.QUEUED: _ENDED_EARLY | {RequestState.PROMPT},
     # PROMPT -> FINISHED: a reply of zero tokens (reply_tokens=0).
-    RequestState.PROMPT: frozenset(
-        {
-            RequestState.DECODING,
-            RequestState.FINISHED,
-            RequestState.PEER_CLOSED,
-            RequestState.ABORTED,
-        }
-    ),
-    RequestState.DECODING: frozenset(
-        {RequestState.FINISHED, RequestState.PEER_CLOSED, RequestState.ABORTED}
-    ),
+    RequestState.PROMPT: _ENDED_EARLY | {RequestState.DECODING, RequestState.FINISHED},
+    RequestState.DECODING: _ENDED_EARLY | {RequestState.FINISHED},
 }
 
 

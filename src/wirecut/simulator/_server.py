@@ -84,6 +84,32 @@ def _uvicorn_config(simulator: Simulator, host: str, port: int) -> uvicorn.Confi
     )
 
 
+def _listen(host: str, port: int, backlog: int) -> socket.socket:
+    """A TCP socket listening on ``host:port``, as uvicorn would bind it.
+
+    Bound here rather than by uvicorn so that a failure is a RuntimeError that
+    names the cause (uvicorn logs it and exits the thread with SystemExit).
+    """
+    what = f"simulator could not listen on {host}:{port}"
+    # uvicorn's choice: IPv6 for an address with a colon, else IPv4.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, family, socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except (OSError, OverflowError, UnicodeError) as exc:
+        raise RuntimeError(f"{what}: {getattr(exc, 'strerror', None) or exc}") from exc
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+    except (OSError, OverflowError) as exc:
+        sock.close()
+        raise RuntimeError(f"{what}: {getattr(exc, 'strerror', None) or exc}") from exc
+    return sock
+
+
 def _base_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
@@ -119,6 +145,7 @@ class SimulatorServer:
         self._address: tuple[str, int] | None = None
         self._listening = threading.Event()
         self._error: BaseException | None = None
+        self._socket: socket.socket | None = None
         self._server = _UvicornServer(
             _uvicorn_config(self.simulator, host, port), self.simulator, self._on_listening
         )
@@ -142,6 +169,11 @@ class SimulatorServer:
             raise RuntimeError(
                 f"Cannot start a SimulatorServer that is {self._state.value}; build a new one."
             )
+        try:
+            self._socket = _listen(*self._requested, self._server.config.backlog)
+        except RuntimeError:
+            self._state = ServerState.STOPPED
+            raise
         self._state = ServerState.RUNNING
         self._thread.start()
         if not self._listening.wait(timeout):
@@ -152,7 +184,7 @@ class SimulatorServer:
             self._state = ServerState.STOPPED
             host, port = self._requested
             raise RuntimeError(
-                f"simulator could not listen on {host}:{port}: {self._error!r}"
+                f"simulator could not serve on {host}:{port}: {self._error!r}"
             ) from self._error
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -248,10 +280,12 @@ class SimulatorServer:
     # -- the server thread ------------------------------------------------
 
     def _run(self) -> None:
+        assert self._socket is not None
         try:
-            self._server.run()
+            with self._socket:
+                self._server.run(sockets=[self._socket])
         except BaseException as exc:
-            # uvicorn ends a failed bind with SystemExit; report it to start().
+            # uvicorn ends a failed startup with SystemExit; report it to start().
             self._error = exc
         finally:
             self._listening.set()
@@ -278,7 +312,7 @@ def serve_forever(
 
     ``on_listening`` gets the API base URL once connections are accepted.
     A signal is the normal way to stop: this returns once the server has
-    shut down. Raises RuntimeError if it cannot listen.
+    shut down. Raises RuntimeError, naming the cause, if it cannot listen.
     """
     simulator = Simulator(config, responder=responder)
 
@@ -287,7 +321,8 @@ def serve_forever(
             on_listening(_base_url(bound_host, bound_port) + "/v1")
 
     server = _UvicornServer(_uvicorn_config(simulator, host, port), simulator, listening)
-    try:
-        server.run()
-    except SystemExit as exc:
-        raise RuntimeError(f"simulator could not listen on {host}:{port}") from exc
+    with _listen(host, port, server.config.backlog) as sock:
+        try:
+            server.run(sockets=[sock])
+        except SystemExit as exc:
+            raise RuntimeError(f"simulator could not serve on {host}:{port}") from exc

@@ -1,0 +1,123 @@
+"""The ``wirecut`` command line as a user runs it: a real process, its exit code, its stderr.
+
+Bad input is one clear line on stderr, never a traceback: exit 2 for a bad
+flag (a usage error, click's and the protocol's convention), exit 1 for
+anything else, a bad ``WIRECUT_DATA_DIR`` included.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from wirecut._paths import DATA_DIR_ENV
+
+BOUND = 30.0  # seconds for a command that must fail at once (the imports take a moment)
+
+
+def wirecut(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m wirecut ARGS`` with ``env`` added to a clean environment."""
+    base = {k: v for k, v in os.environ.items() if k != DATA_DIR_ENV}
+    return subprocess.run(
+        [sys.executable, "-m", "wirecut", *args],
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=BOUND,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def assert_usage_error(result: subprocess.CompletedProcess[str], *words: str) -> None:
+    """Exit 2, nothing on stdout, and click's short usage error: one ``Error:`` line."""
+    assert result.returncode == 2, result
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    errors = [line for line in lines if line.startswith("Error:")]
+    assert len(errors) == 1, result.stderr
+    assert all(word in errors[0] for word in words), result.stderr
+    # The error line, and at most click's two lines of usage and hint.
+    assert len([line for line in lines if line.strip()]) <= 3, result.stderr
+
+
+def assert_one_line_failure(result: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert result.returncode == 1, result
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert all(word in result.stderr for word in words), result.stderr
+
+
+@pytest.fixture
+def a_file(tmp_path: Path) -> Path:
+    path = tmp_path / "not-a-folder"
+    path.write_text("")
+    return path
+
+
+# -- wirecut local: the data directory ---------------------------------------------
+
+
+def test_local_with_a_data_dir_flag_that_cannot_be_created_is_a_usage_error() -> None:
+    result = wirecut("local", "--data-dir", "/proc/nonexistent")
+    assert_usage_error(result, "--data-dir", "/proc/nonexistent", "cannot be used")
+
+
+def test_local_with_a_data_dir_flag_naming_a_file_is_a_usage_error(a_file: Path) -> None:
+    assert_usage_error(wirecut("local", "--data-dir", str(a_file)), "--data-dir", str(a_file))
+
+
+def test_local_with_a_data_dir_env_that_cannot_be_created_is_one_line_and_exit_1() -> None:
+    result = wirecut("local", env={DATA_DIR_ENV: "/proc/nonexistent"})
+    assert_one_line_failure(result, "/proc/nonexistent", DATA_DIR_ENV)
+
+
+def test_local_with_a_data_dir_env_naming_a_file_is_one_line_and_exit_1(a_file: Path) -> None:
+    result = wirecut("local", env={DATA_DIR_ENV: str(a_file)})
+    assert_one_line_failure(result, str(a_file), DATA_DIR_ENV)
+
+
+# -- wirecut provider -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--port", "70000"], "--port"),
+        (["--port", "http"], "--port"),
+        (["--tokens-per-second", "nan"], "--tokens-per-second"),
+        (["--tokens-per-second", "0"], "--tokens-per-second"),
+        (["--prompt-ms", "-1"], "--prompt-ms"),
+        (["--slots", "0"], "--slots"),
+        (["--reply-tokens", "-1"], "--reply-tokens"),
+        (["--no-such-flag"], "--no-such-flag"),
+    ],
+)
+def test_provider_with_a_bad_flag_is_a_usage_error(args: list[str], flag: str) -> None:
+    assert_usage_error(wirecut("provider", *args), flag)
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def test_provider_on_a_busy_port_says_why_in_one_line(busy_port: int) -> None:
+    result = wirecut("provider", "--port", str(busy_port))
+    assert_one_line_failure(result, f"127.0.0.1:{busy_port}", "in use")
+
+
+def test_provider_on_an_address_not_of_this_machine_says_why_in_one_line() -> None:
+    # TEST-NET-1 (RFC 5737): an address literal, so no lookup leaves the machine.
+    result = wirecut("provider", "--host", "192.0.2.1", "--port", "0")
+    assert_one_line_failure(result, "192.0.2.1", "address")
