@@ -1020,7 +1020,7 @@ def test_a_deep_chain_of_scopes_is_walked_without_recursion() -> None:
             spinning.result(BOUND)
         assert root.live()["sockets"] == 1
     assert root.wait_quiescent(BOUND)
-    assert events(root) == ["cancel_requested", "children_cancelled"]
+    assert events(root) == ["cancel_requested", "sockets_shut", "children_cancelled", "escalated"]
     assert events(leaf) == ["cancel_requested", "sockets_shut", "escalated"]
 
 
