@@ -1,7 +1,7 @@
 """Cancel -> server-observed close, for wirecut's clients and for what a host can do today.
 
 Run: ``python bench/bench_http.py [--trials 200] [--baseline-trials 20] [--window 1.0]``.
-Prints a Markdown table and asserts nothing.
+Prints Markdown tables and asserts nothing.
 
 Every mode talks to a loopback server that holds the response at a known
 blocking point: non-stream modes never get their response headers; stream
@@ -13,6 +13,11 @@ wirecut modes run their trials one after the other. Baseline modes (the host
 abandons the worker thread, or closes the client from the host thread) run
 their trials side by side and watch ``--window`` seconds for the close;
 "never" means no close came in that window.
+
+Two more tables: cancel -> the worker returned, where the worker is blocked
+before any request is sent (a TLS handshake the server never answers, a
+connect to a full listen backlog, the openai SDK's retry backoff); and what
+a new scope's connection pool costs to build (its SSL context).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +39,10 @@ import httpx
 import openai
 import requests
 
-from _loopback import Exchange, LoopbackServer
-from wirecut.adapters import ScopedHTTPAdapter, openai_http_client
+import wirecut.http
+from _loopback import Exchange, FullBacklog, LoopbackServer, StallServer, connect_started
+from wirecut.adapters import ScopedHTTPAdapter, openai_client, openai_http_client
+from wirecut.http import ScopedTransport
 from wirecut.provider import ChatClient
 from wirecut.scope import InterruptScope
 
@@ -288,20 +296,170 @@ def baseline_rows(trials: int, window: float) -> list[Row]:
     return rows
 
 
+# -- cancel -> the worker returned, before anything was sent ----------------------
+
+#: A timeout none of these waits may reach: only the cut can end them early.
+LONG = 60.0
+
+
+def _pct(values: list[float], unit: float = 1000) -> tuple[str, str, str]:
+    """p50, p99 and max of ``values`` (seconds) in ms (``unit`` 1e6: in µs)."""
+    if not values:
+        return "never", "never", "never"
+    scaled = sorted(x * unit for x in values)
+    p99 = scaled[min(len(scaled) - 1, round(0.99 * (len(scaled) - 1)))]
+    return f"{statistics.median(scaled):.2f}", f"{p99:.2f}", f"{scaled[-1]:.2f}"
+
+
+CLIENTS = [
+    "wirecut ChatClient",
+    "openai SDK + adapter",
+    "requests + ScopedHTTPAdapter",
+    "wirecut.http.client(Timeout(None))",
+]
+
+
+def _clients(url: str) -> dict[str, tuple[Callable[[], Any], Callable[[], None]]]:
+    """One call per client, each with LONG timeouts, and how to close that client."""
+    chat = ChatClient(url, timeout=LONG, connect_timeout=LONG)
+    sdk = openai.OpenAI(
+        base_url=url, api_key="k", http_client=openai_http_client(), timeout=LONG, max_retries=0
+    )
+    session = requests.Session()
+    session.mount("http://", ScopedHTTPAdapter())
+    session.mount("https://", ScopedHTTPAdapter())
+    plain = wirecut.http.client(timeout=httpx.Timeout(None))
+    calls: list[tuple[Callable[[], Any], Callable[[], None]]] = [
+        (partial(chat.chat, MESSAGES), chat.close),
+        (partial(sdk.chat.completions.create, model="m", messages=MESSAGES), sdk.close),
+        (partial(session.get, url, timeout=LONG), session.close),
+        (partial(plain.get, url), plain.close),
+    ]
+    return dict(zip(CLIENTS, calls, strict=True))
+
+
+def _worker_return(call: Callable[[], Any], ready: Callable[[], bool]) -> float | None:
+    scope = InterruptScope("bench")
+    future = scope.spawn(call)
+    if not ready():
+        scope.cancel("bench")
+        return None
+    start = time.monotonic()
+    scope.cancel("bench")
+    try:
+        future.result(LONG)
+    except BaseException:
+        pass
+    return time.monotonic() - start
+
+
+def unsent_rows(trials: int) -> list[list[str]]:
+    rows = []
+    for label in ("stalled TLS handshake", "full listen backlog"):
+        for name in CLIENTS:
+            latencies: list[float] = []
+            for _ in range(trials):
+                if label == "stalled TLS handshake":
+                    with StallServer() as server:
+                        clients = _clients(server.url)
+                        took = _worker_return(
+                            clients[name][0], lambda s=server: s.hello.wait(BOUND)
+                        )
+                        for _, close in clients.values():
+                            close()
+                else:
+                    with FullBacklog() as backlog:
+                        if not backlog.blocked:
+                            break
+                        started = connect_started(backlog.port)
+                        clients = _clients(backlog.url)
+                        took = _worker_return(clients[name][0], lambda e=started: e.wait(BOUND))
+                        for _, close in clients.values():
+                            close()
+                if took is not None:
+                    latencies.append(took)
+            rows.append([name, label, str(trials), *_pct(latencies)])
+    rows.extend(backoff_rows(max(3, trials // 4), trials))
+    return rows
+
+
+def backoff_rows(plain_trials: int, trials: int) -> list[list[str]]:
+    """A cancel during the openai SDK's retry backoff (503, ``Retry-After: 2``)."""
+
+    def busy(ex: Exchange) -> None:
+        # Connection: close: the server sees the SDK finish with the answer,
+        # which it does right before its backoff.
+        ex.json({"error": "busy"}, 503, headers={"Retry-After": "2", "Connection": "close"})
+
+    rows = []
+    makers: list[tuple[str, Callable[[str], openai.OpenAI], int]] = [
+        (
+            "openai.OpenAI(http_client=openai_http_client())",
+            lambda url: openai.OpenAI(base_url=url, api_key="k", http_client=openai_http_client()),
+            plain_trials,
+        ),
+        ("openai_client()", lambda url: openai_client(base_url=url, api_key="k"), trials),
+    ]
+    for name, make, n in makers:
+        latencies: list[float] = []
+        for _ in range(n):
+            with LoopbackServer(busy) as server:
+                client = make(server.url)
+                call = partial(client.chat.completions.create, model="m", messages=MESSAGES)
+                took = _worker_return(call, lambda s=server: s.wait_closes(1, BOUND))
+                client.close()
+            if took is not None:
+                latencies.append(took)
+        rows.append([name, "SDK retry backoff (Retry-After: 2)", str(n), *_pct(latencies)])
+    return rows
+
+
+def pool_rows(trials: int) -> list[list[str]]:
+    """What the pool of a new scope costs to build: an SSL context each time, or shared."""
+    transport = ScopedTransport()
+    modes: list[tuple[str, Callable[[], Any]]] = [
+        ("httpx.HTTPTransport() per scope (before)", httpx.HTTPTransport),
+        ("ScopedTransport pool per scope (now)", transport._new_transport),
+    ]
+    rows = []
+    for name, make in modes:
+        times = []
+        for _ in range(trials):
+            start = time.perf_counter()
+            made = make()
+            times.append(time.perf_counter() - start)
+            made.close()
+        rows.append([name, str(trials), *_pct(times, unit=1e6)])
+    transport.close()
+    return rows
+
+
+def _table(header: list[str], rows: list[list[str]]) -> None:
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join("---" for _ in header) + "|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=200, help="trials per wirecut mode")
     parser.add_argument("--baseline-trials", type=int, default=20, help="trials per baseline")
     parser.add_argument("--window", type=float, default=1.0, help="seconds to watch a baseline")
+    parser.add_argument(
+        "--unsent-trials", type=int, default=20, help="trials per client and blocking point"
+    )
     args = parser.parse_args()
     warnings.simplefilter("ignore")  # Abandoned baseline clients warn as they are collected.
     began = time.monotonic()
     rows = wirecut_rows(args.trials) + baseline_rows(args.baseline_trials, args.window)
     header = ["mode", "cut by", "trials", "closes seen", "p50 ms", "p99 ms", "max ms"]
-    print("| " + " | ".join(header) + " |")
-    print("|" + "|".join("---" for _ in header) + "|")
-    for row in rows:
-        print("| " + " | ".join(row.cells()) + " |")
+    _table(header, [row.cells() for row in rows])
+    print("\nscope.cancel() -> the worker returned, nothing sent yet:\n")
+    header = ["client", "blocked in", "trials", "p50 ms", "p99 ms", "max ms"]
+    _table(header, unsent_rows(args.unsent_trials))
+    print("\nBuilding the connection pool of a new scope:\n")
+    _table(["pool", "trials", "p50 µs", "p99 µs", "max µs"], pool_rows(50))
     print(f"\n{time.monotonic() - began:.1f} s in all; baseline window {args.window:.1f} s.")
 
 

@@ -1,24 +1,45 @@
-"""A scripted HTTP/1.1 server on loopback, for tests and the benchmark.
+"""Scripted servers on loopback, for tests and the benchmark.
 
-Raw sockets, one thread per connection. Every request received and every peer
-close observed is recorded, and waiting for either is bounded (a Condition),
-never a sleep. A handler gets an ``Exchange`` per request and answers it with
-the helpers (``json``, ``sse``, ``hold`` ...); a connection is kept alive
-between requests unless the handler closes it.
+``LoopbackServer`` is an HTTP/1.1 server: raw sockets, one thread per
+connection. Every request received and every peer close observed is recorded,
+and waiting for either is bounded (a Condition), never a sleep. A handler gets
+an ``Exchange`` per request and answers it with the helpers (``json``,
+``sse``, ``hold`` ...); a connection is kept alive between requests unless the
+handler closes it.
+
+``StallServer`` reads what a client sends first (a TLS ClientHello) and never
+answers; ``FullBacklog`` is a listener whose accept queue is full, so that a
+connect to it stays pending; ``self_signed`` makes a certificate for 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import json
+import select
+import shutil
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-__all__ = ["Exchange", "LoopbackServer", "Request"]
+__all__ = [
+    "Exchange",
+    "FullBacklog",
+    "LoopbackServer",
+    "Request",
+    "StallServer",
+    "connect_started",
+    "self_signed",
+]
+
+#: Seconds a server's stop() waits for each of its threads.
+JOIN_BOUND = 5.0
 
 
 @dataclass
@@ -276,13 +297,156 @@ class LoopbackServer:
         except OSError:
             pass
         self._listener.close()
-        self._accepter.join(5)
+        self._accepter.join(JOIN_BOUND)
         for conn in conns:
             try:
                 socket.socket.shutdown(conn, socket.SHUT_RDWR)
             except OSError:
                 pass
         for thread in list(self._threads):
-            thread.join(5)
+            thread.join(JOIN_BOUND)
         for conn in conns:
             conn.close()
+        stuck = [t.name for t in [self._accepter, *self._threads] if t.is_alive()]
+        assert not stuck, f"loopback threads still running after stop(): {stuck}"
+
+
+class StallServer:
+    """A listener on 127.0.0.1 that reads a client's first bytes and never answers.
+
+    Against it a TLS client sends its ClientHello and then waits for a
+    ServerHello that never comes: the handshake stalls. ``hello`` is set once
+    the first bytes of a connection arrived, ``closed`` once that peer closed
+    (its ``recv`` returned b""), which is how the cut shows at the server.
+    """
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.hello = threading.Event()
+        self.closed = threading.Event()
+        self.connections = 0
+        self._conns: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._serve, name="stall", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> StallServer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _serve(self) -> None:
+        try:
+            conn, _ = self._listener.accept()
+        except OSError:
+            return
+        self.connections += 1
+        self._conns.append(conn)
+        if conn.recv(65536):
+            self.hello.set()
+            while conn.recv(65536):
+                pass  # Whatever else comes; we never answer.
+        self.closed.set()
+
+    def stop(self) -> None:
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        for conn in self._conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._thread.join(JOIN_BOUND)
+        for conn in self._conns:
+            conn.close()
+        assert not self._thread.is_alive(), "the stall server's thread is still running"
+
+
+class FullBacklog:
+    """A listener on 127.0.0.1 that never accepts and whose accept queue is full.
+
+    ``listen(0)`` queues one connection; the kernel then drops the SYN of the
+    next ones and retries it for minutes, so a connect to ``port`` stays
+    pending (SYN_SENT). The queue is filled until a probe connect is seen to
+    stay pending for ``probe`` seconds; if none does (another kernel's
+    rules), ``blocked`` is False and the caller should skip.
+    """
+
+    def __init__(self, probe: float = 0.5) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0), backlog=0)
+        self.port = self._listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._fill: list[socket.socket] = []
+        self.blocked = False
+        for _ in range(8):
+            sock = socket.socket()
+            sock.setblocking(False)
+            self._fill.append(sock)
+            sock.connect_ex(("127.0.0.1", self.port))
+            _, writable, _ = select.select([], [sock], [], probe)
+            if not writable:
+                self.blocked = True
+                break
+
+    def __enter__(self) -> FullBacklog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for sock in self._fill:
+            sock.close()
+        self._listener.close()
+
+
+def self_signed(directory: Path) -> tuple[ssl.SSLContext, ssl.SSLContext, Path] | None:
+    """A server context with a fresh certificate for 127.0.0.1, a client context that
+    trusts it, and the certificate file; None without the openssl command."""
+    if shutil.which("openssl") is None:
+        return None
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"),
+            *("-addext", "subjectAltName=IP:127.0.0.1"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(cert, key)
+    client = ssl.create_default_context(cafile=str(cert))
+    return server, client, cert
+
+
+# Ports whose next connect() sets the Event; filled by connect_started().
+_connect_waiters: dict[int, threading.Event] = {}
+_audit_installed = False
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if event == "socket.connect" and _connect_waiters:
+        address = args[1]
+        if isinstance(address, tuple) and len(address) >= 2:
+            waiter = _connect_waiters.pop(address[1], None)
+            if waiter is not None:
+                waiter.set()
+
+
+def connect_started(port: int) -> threading.Event:
+    """An Event set when some thread of this process next starts a connect to ``port``.
+
+    Set from Python's ``socket.connect`` audit event, which fires as the
+    connect is issued: a test can then cancel while the connect is pending.
+    """
+    global _audit_installed
+    if not _audit_installed:
+        sys.addaudithook(_audit)  # Hooks cannot be removed; this one costs a dict lookup.
+        _audit_installed = True
+    event = threading.Event()
+    _connect_waiters[port] = event
+    return event

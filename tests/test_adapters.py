@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
+import httpx2
 import openai
 import pytest
 import requests
 
 import wirecut.adapters
-from _loopback import Exchange, LoopbackServer
+from _loopback import Exchange, FullBacklog, LoopbackServer, StallServer, connect_started
 from _promises import assert_cut_reached_the_server, assert_quiet
-from wirecut.adapters import ScopedHTTPAdapter, openai_http_client
+from wirecut.adapters import ScopedHTTPAdapter, openai_client, openai_http_client
+from wirecut.adapters._openai import ScopedTransport2
 from wirecut.scope import Interrupted, InterruptScope, bind_scope
 
 BOUND = 5.0  # seconds: a generous bound for "promptly" on a shared, noisy machine
+# A timeout no test may reach: only a cut can end the wait within BOUND.
+LONG = 60.0
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 
 
@@ -65,8 +70,10 @@ def sdk() -> Iterator[Any]:
     # The server is made per test; the SDK client gets its URL through this factory.
     clients: list[openai.OpenAI] = []
 
-    def make(url: str) -> openai.OpenAI:
-        client = openai.OpenAI(base_url=url, api_key="k", http_client=openai_http_client())
+    def make(url: str, **kwargs: Any) -> openai.OpenAI:
+        client = openai.OpenAI(
+            base_url=url, api_key="k", http_client=openai_http_client(), **kwargs
+        )
         clients.append(client)
         return client
 
@@ -79,11 +86,12 @@ def sdk() -> Iterator[Any]:
 def session() -> Iterator[requests.Session]:
     with requests.Session() as s:
         s.mount("http://", ScopedHTTPAdapter())
+        s.mount("https://", ScopedHTTPAdapter())
         yield s
 
 
 def test_the_adapters_module_exports_are_complete_and_sorted() -> None:
-    assert wirecut.adapters.__all__ == ["ScopedHTTPAdapter", "openai_http_client"]
+    assert wirecut.adapters.__all__ == ["ScopedHTTPAdapter", "openai_client", "openai_http_client"]
     for name in wirecut.adapters.__all__:
         assert getattr(wirecut.adapters, name) is not None
     with pytest.raises(AttributeError):
@@ -246,3 +254,153 @@ def test_requests_never_shares_a_connection_between_scopes(session: requests.Ses
         assert conns["/a"] != conns["/b"]
         assert conns["/b"] not in server.closes
         assert_quiet(b)
+
+
+# -- what the connect and the TLS handshake do under a cut ----------------------
+
+
+@pytest.fixture(params=["openai", "requests"])
+def call(request: pytest.FixtureRequest, sdk: Any, session: requests.Session) -> Any:
+    """A factory: ``call(url)`` is a request through that client, with LONG timeouts."""
+
+    def openai_call(url: str) -> Callable[[], Any]:
+        client = sdk(url, timeout=LONG, max_retries=0)
+        return partial(client.chat.completions.create, model="m", messages=MESSAGES)
+
+    def requests_call(url: str) -> Callable[[], Any]:
+        return partial(session.get, url, timeout=LONG)
+
+    return openai_call if request.param == "openai" else requests_call
+
+
+def test_a_stalled_tls_handshake_is_cut(call: Any) -> None:
+    scope = InterruptScope("t")
+    with StallServer() as server:
+        future = scope.spawn(call(server.url))
+        assert server.hello.wait(BOUND)  # The ClientHello is out; no answer will come.
+        scope.cancel("stop")
+        with pytest.raises(Interrupted) as info:
+            future.result(BOUND)
+        assert info.value.reason == "stop"
+        assert server.closed.wait(BOUND)  # The cut shut the socket the handshake read.
+        assert server.connections == 1  # Not retried.
+        assert_quiet(scope)
+
+
+def test_a_connect_to_a_full_backlog_is_cut(call: Any) -> None:
+    scope = InterruptScope("t")
+    with FullBacklog() as backlog:
+        if not backlog.blocked:
+            pytest.skip("could not make a loopback connect block here")
+        started = connect_started(backlog.port)
+        future = scope.spawn(call(backlog.url))
+        assert started.wait(BOUND)
+        scope.cancel("stop")
+        with pytest.raises(Interrupted) as info:
+            future.result(BOUND)
+        assert info.value.reason == "stop"
+        assert_quiet(scope)
+
+
+# -- the SDK's retry backoff ------------------------------------------------------
+
+
+def busy_then_answer(ex: Exchange) -> None:
+    if len(ex.server.requests) == 1:
+        # Connection: close lets the test see the SDK finish with the answer,
+        # which it does right before its backoff.
+        ex.json({"error": "busy"}, 503, headers={"Retry-After": "30", "Connection": "close"})
+    else:
+        answer(ex)
+
+
+def test_a_cancel_during_the_sdks_retry_backoff_ends_it_at_once() -> None:
+    scope = InterruptScope("t")
+    with LoopbackServer(busy_then_answer) as server:
+        client = openai_client(base_url=server.url, api_key="k", timeout=LONG)
+        future = scope.spawn(partial(client.chat.completions.create, model="m", messages=MESSAGES))
+        assert server.wait_closes(1)  # The 503 was read: the SDK is in its 30 s backoff.
+        scope.cancel("stop")
+        with pytest.raises(Interrupted) as info:
+            future.result(BOUND)
+        assert info.value.reason == "stop"
+        assert len(server.requests) == 1  # No retry.
+        assert_quiet(scope)
+        client.close()
+
+
+def test_the_cuttable_client_still_retries_as_the_sdk_does() -> None:
+    def busy_once(ex: Exchange) -> None:
+        if len(ex.server.requests) == 1:
+            ex.json({"error": "busy"}, 503, headers={"retry-after-ms": "10"})
+        else:
+            answer(ex)
+
+    with LoopbackServer(busy_once) as server:
+        client = openai_client(base_url=server.url, api_key="k", max_retries=1)
+        for scope in (None, InterruptScope("t")):
+            with bind_scope(scope):
+                result = client.chat.completions.create(model="m", messages=MESSAGES)
+            assert result.choices[0].message.content == "Hello"
+            server.requests.clear()
+        client.close()
+
+
+# -- idle connections of a done scope ---------------------------------------------
+
+
+def test_a_cancelled_scopes_idle_requests_connection_is_closed_without_gc(
+    session: requests.Session,
+) -> None:
+    scope = InterruptScope("t")
+    requested = threading.Event()
+
+    def worker() -> None:
+        session.get(f"{server.url}/a")  # Done: its connection idles in the scope's pool.
+        requested.set()
+        scope.wait(threading.Event())
+
+    gc.disable()  # Only the close wirecut makes may count, not a collection.
+    try:
+        with LoopbackServer(answer) as server:
+            future = scope.spawn(worker)
+            assert requested.wait(BOUND)
+            assert server.closes == []
+            scope.cancel("stop")
+            with pytest.raises(Interrupted):
+                future.result(BOUND)
+            assert server.wait_closes(1)
+            assert_quiet(scope)
+    finally:
+        gc.enable()
+
+
+# -- keywords that would bypass the scoped transport ----------------------------
+
+
+def test_a_proxy_is_reached_through_the_scoped_transport_and_cut() -> None:
+    scope = InterruptScope("t")
+    with LoopbackServer(lambda ex: ex.hold()) as proxy:
+        client = openai.OpenAI(
+            base_url="http://example.invalid/v1",
+            api_key="k",
+            http_client=openai_http_client(proxy=proxy.url),
+            timeout=LONG,
+            max_retries=0,
+        )
+        future = scope.spawn(partial(client.chat.completions.create, model="m", messages=MESSAGES))
+        assert proxy.wait_requests(1)
+        assert proxy.requests[0].path.startswith("http://example.invalid/v1/")
+        scope.cancel("stop")
+        with pytest.raises(Interrupted):
+            future.result(BOUND)
+        assert_cut_reached_the_server(proxy, scope)
+        client.close()
+
+
+def test_an_unscoped_transport_for_the_sdk_is_refused() -> None:
+    with pytest.raises(ValueError, match="transport= is a HTTPTransport"):
+        openai_http_client(transport=httpx2.HTTPTransport())
+    with pytest.raises(ValueError, match=r"mounts\['all://'\] is a HTTPTransport"):
+        openai_http_client(mounts={"all://": httpx2.HTTPTransport()})
+    openai_http_client(transport=ScopedTransport2()).close()

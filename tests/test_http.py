@@ -3,24 +3,43 @@
 from __future__ import annotations
 
 import gc
-import shutil
 import socket
 import ssl
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import httpx
 import pytest
 
 import wirecut.http
-from _loopback import Exchange, LoopbackServer
+from _loopback import (
+    Exchange,
+    FullBacklog,
+    LoopbackServer,
+    StallServer,
+    connect_started,
+    self_signed,
+)
 from _promises import assert_cut_reached_the_server, assert_quiet
-from wirecut.http import ScopedNetworkBackend, ScopedTransport
+from wirecut.http import (
+    ScopedNetworkBackend,
+    ScopedTransport,
+    cut_as_interrupted,
+)
+from wirecut.http._connect import CONNECT_CUT, connect_tcp
+from wirecut.http._thirdparty import (
+    httpcore_flavour,
+    install_network_backend,
+    require_private,
+    shared_ssl_context,
+)
 from wirecut.scope import Interrupted, InterruptScope, bind_scope
 
 BOUND = 5.0  # seconds: a generous bound for "promptly" on a shared, noisy machine
+# A timeout no test may reach: only a cut can end the wait within BOUND.
+LONG = 60.0
 
 
 def ok(ex: Exchange) -> None:
@@ -37,11 +56,22 @@ def client() -> Iterator[httpx.Client]:
         yield c
 
 
+@pytest.fixture
+def tls(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    made = self_signed(tmp_path)
+    if made is None:
+        pytest.skip("needs the openssl command")
+    return made[0], made[1]
+
+
 def test_without_a_scope_it_is_a_plain_keep_alive_client(client: httpx.Client) -> None:
     with LoopbackServer(ok) as server:
         assert client.get(f"{server.url}/one").json() == {"path": "/one"}
         assert client.get(f"{server.url}/two").json() == {"path": "/two"}
         assert server.connections == 1
+
+
+# -- cuts ----------------------------------------------------------------------
 
 
 def test_cut_during_the_header_wait_wakes_the_worker_and_closes_the_connection(
@@ -83,6 +113,180 @@ def test_cut_during_a_stream_wakes_the_reader(client: httpx.Client) -> None:
             future.result(BOUND)
         assert received == [b"hello"]
         assert_cut_reached_the_server(server, scope)
+
+
+def test_the_socket_stays_registered_between_chunks_of_a_streamed_body(
+    client: httpx.Client,
+) -> None:
+    scope = InterruptScope("t")
+    between = threading.Event()
+    go_on = threading.Event()
+    seen: list[int] = []
+
+    def two_chunks(ex: Exchange) -> None:
+        ex.start_chunked()
+        ex.chunk(b"one")
+        go_on.wait(BOUND)
+        ex.chunk(b"two")
+        ex.end_chunked()
+
+    def worker() -> bytes:
+        parts = []
+        with client.stream("GET", f"{server.url}/s") as response:
+            for chunk in response.iter_raw():
+                parts.append(chunk)
+                seen.append(scope.live()["sockets"])
+                between.set()
+        seen.append(scope.live()["sockets"])
+        return b"".join(parts)
+
+    with LoopbackServer(two_chunks) as server:
+        future = scope.spawn(worker)
+        assert between.wait(BOUND)
+        assert scope.live()["sockets"] == 1  # Headers and a chunk in, the body not done.
+        go_on.set()
+        assert future.result(BOUND) == b"onetwo"
+        assert seen == [1, 1, 0]
+
+
+def test_a_stalled_tls_handshake_is_cut() -> None:
+    scope = InterruptScope("t")
+    with (
+        StallServer() as server,
+        wirecut.http.client(timeout=httpx.Timeout(None), connect_timeout=LONG) as client,
+    ):
+        future = scope.spawn(client.get, server.url)
+        assert server.hello.wait(BOUND)  # The ClientHello is out; no answer will come.
+        assert scope.live()["sockets"] == 1
+        scope.cancel("stop")
+        with pytest.raises(Interrupted):
+            future.result(BOUND)
+        assert server.closed.wait(BOUND)  # The cut shut the very socket the handshake read.
+        assert_quiet(scope)
+        assert [event for event, _ in scope.timeline].count("sockets_shut") == 1
+
+
+def test_a_connect_to_a_full_backlog_is_cut() -> None:
+    scope = InterruptScope("t")
+    with FullBacklog() as backlog:
+        if not backlog.blocked:
+            pytest.skip("could not make a loopback connect block here")
+        started = connect_started(backlog.port)
+        with wirecut.http.client(timeout=LONG, connect_timeout=LONG) as client:
+            future = scope.spawn(client.get, backlog.url)
+            assert started.wait(BOUND)
+            assert scope.live()["sockets"] == 1  # The connect's wakeup.
+            scope.cancel("stop")
+            with pytest.raises(Interrupted) as info:
+                future.result(BOUND)
+        assert info.value.reason == "stop"
+        assert_quiet(scope)
+
+
+def test_over_tls_a_cut_reaches_the_server(tls: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:
+    server_ctx, client_ctx = tls
+    scope = InterruptScope("t")
+    with (
+        LoopbackServer(hold, ssl_context=server_ctx) as server,
+        httpx.Client(transport=ScopedTransport(verify=client_ctx)) as client,
+    ):
+        future = scope.spawn(client.get, f"{server.url}/slow")
+        assert server.wait_requests(1)
+        assert scope.live()["sockets"] == 1
+        scope.cancel("stop")
+        with pytest.raises(Interrupted):
+            future.result(BOUND)
+        assert_cut_reached_the_server(server, scope)
+
+
+# -- the backend, directly ----------------------------------------------------
+
+
+def test_the_socket_is_registered_from_the_connect() -> None:
+    scope = InterruptScope("t")
+    backend = ScopedNetworkBackend()
+    with LoopbackServer(ok) as server, bind_scope(scope):
+        stream = backend.connect_tcp("127.0.0.1", server.port)
+        assert scope.live()["sockets"] == 1  # Before any write.
+        stream.close()
+        assert scope.live()["sockets"] == 0
+
+
+def test_a_direct_backend_connect_under_a_cancelled_scope_connects_nowhere() -> None:
+    scope = InterruptScope("t")
+    scope.cancel("early")
+    backend = ScopedNetworkBackend()
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        with bind_scope(scope), pytest.raises(Interrupted) as info:
+            backend.connect_tcp("127.0.0.1", listener.getsockname()[1])
+        assert info.value.reason == "early"
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # Not even a connection left in the accept queue.
+    assert_quiet(scope)
+
+
+def test_a_released_connection_refuses_a_request_of_a_cancelled_scope() -> None:
+    scope = InterruptScope("t")
+    backend = ScopedNetworkBackend()
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        with bind_scope(scope):
+            stream = backend.connect_tcp("127.0.0.1", listener.getsockname()[1])
+        peer, _ = listener.accept()
+        with peer:
+            stream.release()  # As the transport does before the pool takes it back.
+            assert scope.live()["sockets"] == 0
+            scope.cancel("stop")
+            with pytest.raises(Interrupted):
+                stream.write(b"GET / HTTP/1.1\r\n\r\n")
+            peer.settimeout(BOUND)
+            assert peer.recv(100) == b""  # Shut down; nothing was sent.
+        stream.close()
+    assert_quiet(scope)
+
+
+def test_a_cut_seen_after_name_resolution_sends_no_syn() -> None:
+    wakeup, peer = socket.socketpair()
+    with wakeup, peer, socket.create_server(("127.0.0.1", 0)) as listener:
+        wakeup.shutdown(socket.SHUT_RDWR)  # What the scope's cut does to it.
+        with pytest.raises(OSError, match="the connect was cut") as info:
+            connect_tcp("127.0.0.1", listener.getsockname()[1], timeout=LONG, wakeup=wakeup)
+        assert info.value.errno == CONNECT_CUT
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+
+
+def test_the_backend_sleep_wakes_on_cancel() -> None:
+    scope = InterruptScope("t")
+    backend = ScopedNetworkBackend()
+    sleeping = threading.Event()
+
+    def nap() -> None:
+        sleeping.set()
+        backend.sleep(LONG)
+
+    future = scope.spawn(nap)
+    assert sleeping.wait(BOUND)
+    scope.cancel("stop")
+    with pytest.raises(Interrupted):
+        future.result(BOUND)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf"), 1e12, True, "5"])
+def test_a_bad_connect_timeout_is_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match="connect_timeout"):
+        ScopedNetworkBackend(connect_timeout=bad)  # type: ignore[arg-type]
+
+
+def test_the_connect_timeout_bounds_the_request_timeout() -> None:
+    backend = ScopedNetworkBackend(connect_timeout=2.0)
+    assert backend._timeout(None) == 2.0
+    assert backend._timeout(10.0) == 2.0
+    assert backend._timeout(1.0) == 1.0
+
+
+# -- the transport's pools -----------------------------------------------------
 
 
 def test_a_request_under_a_cancelled_scope_opens_no_connection(client: httpx.Client) -> None:
@@ -144,11 +348,12 @@ def test_two_scopes_never_share_a_connection(client: httpx.Client) -> None:
         a_conn = next(r.connection for r in server.requests if r.path == "/a")
         b_conn = next(r.connection for r in server.requests if r.path == "/b")
         assert a_conn != b_conn
+        assert server.wait_closed(a_conn)  # a's idle connection went with a.
         assert b_conn not in server.closes
         assert_quiet(b)
 
 
-def test_a_cut_connection_is_closed_not_pooled(client: httpx.Client) -> None:
+def test_a_cut_scopes_pool_is_closed_by_its_last_request(client: httpx.Client) -> None:
     scope = InterruptScope("t")
     with LoopbackServer(hold) as server:
         future = scope.spawn(client.get, f"{server.url}/slow")
@@ -157,8 +362,47 @@ def test_a_cut_connection_is_closed_not_pooled(client: httpx.Client) -> None:
         with pytest.raises(Interrupted):
             future.result(BOUND)
         assert server.wait_closes(1)
-        pool = client._transport._pools.get(scope)  # type: ignore[attr-defined]
-        assert pool._pool.connections == []
+        # The worker closed its scope's pool on its way out: nothing is left of it.
+        assert len(client._transport._pools) == 0  # type: ignore[attr-defined]
+
+
+def test_a_cancelled_scopes_idle_connection_is_closed_without_gc(client: httpx.Client) -> None:
+    scope = InterruptScope("t")
+    requested = threading.Event()
+
+    def worker() -> None:
+        client.get(f"{server.url}/1")  # Done: its connection idles in the scope's pool.
+        requested.set()
+        scope.wait(threading.Event())  # Then blocked elsewhere until the cancel.
+
+    gc.disable()  # Only the close wirecut makes may count, not a collection.
+    try:
+        with LoopbackServer(ok) as server:
+            future = scope.spawn(worker)
+            assert requested.wait(BOUND)
+            assert server.closes == []
+            scope.cancel("stop")
+            with pytest.raises(Interrupted):
+                future.result(BOUND)
+            assert server.wait_closes(1)
+            assert_quiet(scope)
+    finally:
+        gc.enable()
+
+
+def test_a_finished_scopes_idle_connection_is_closed_after_the_keepalive_expiry() -> None:
+    scope = InterruptScope("t")
+    limits = httpx.Limits(keepalive_expiry=0.2)
+    gc.disable()
+    try:
+        with LoopbackServer(ok) as server, wirecut.http.client(limits=limits) as client:
+            with bind_scope(scope):
+                client.get(f"{server.url}/1")
+            # The scope is still referenced and open; no request follows.
+            assert server.wait_closes(1)
+            assert not scope.cancelled
+    finally:
+        gc.enable()
 
 
 def test_a_collected_scope_closes_its_idle_connections(client: httpx.Client) -> None:
@@ -166,7 +410,6 @@ def test_a_collected_scope_closes_its_idle_connections(client: httpx.Client) -> 
         scope = InterruptScope("t")
         with bind_scope(scope):
             client.get(f"{server.url}/1")
-        assert server.closes == []
         del scope
         gc.collect()
         assert server.wait_closes(1)
@@ -185,65 +428,62 @@ def test_http2_is_refused() -> None:
         ScopedTransport(http2=True)
 
 
-@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan")])
-def test_a_bad_connect_timeout_is_refused(bad: float) -> None:
-    with pytest.raises(ValueError, match="connect_timeout"):
-        ScopedNetworkBackend(connect_timeout=bad)
+def test_pools_of_one_configuration_share_one_ssl_context() -> None:
+    first = shared_ssl_context(httpx, True, None, True)
+    assert shared_ssl_context(httpx, True, None, True) is first
+    assert shared_ssl_context(httpx, False, None, True) is not first
+    mine = ssl.create_default_context()
+    assert shared_ssl_context(httpx, mine, None, True) is mine
 
 
-def test_the_connect_timeout_bounds_the_request_timeout() -> None:
-    backend = ScopedNetworkBackend(connect_timeout=2.0)
-    assert backend._timeout(None) == 2.0
-    assert backend._timeout(10.0) == 2.0
-    assert backend._timeout(1.0) == 1.0
+# -- keywords that would bypass the scoped transport ----------------------------
 
 
-def test_the_backend_sleep_wakes_on_cancel() -> None:
+def test_a_proxy_is_reached_through_the_scoped_transport_and_cut() -> None:
     scope = InterruptScope("t")
-    backend = ScopedNetworkBackend()
-    future = scope.spawn(backend.sleep, 30.0)
-    scope.cancel("stop")
-    with pytest.raises(Interrupted):
-        future.result(BOUND)
-
-
-@pytest.fixture
-def tls(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    """A server context with a fresh self-signed certificate for 127.0.0.1, and a client one."""
-    if shutil.which("openssl") is None:
-        pytest.skip("needs the openssl command")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
-            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"),
-            *("-addext", "subjectAltName=IP:127.0.0.1"),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server.load_cert_chain(cert, key)
-    client = ssl.create_default_context(cafile=str(cert))
-    return server, client
-
-
-def test_over_tls_the_registration_moves_to_the_tls_socket(
-    tls: tuple[ssl.SSLContext, ssl.SSLContext],
-) -> None:
-    server_ctx, client_ctx = tls
-    scope = InterruptScope("t")
-    with (
-        LoopbackServer(hold, ssl_context=server_ctx) as server,
-        httpx.Client(transport=ScopedTransport(verify=client_ctx)) as client,
-    ):
-        future = scope.spawn(client.get, f"{server.url}/slow")
-        assert server.wait_requests(1)
-        sockets = [r.target for r in scope._registrations if isinstance(r.target, socket.socket)]
-        assert len(sockets) == 1
-        assert isinstance(sockets[0], ssl.SSLSocket)  # Not the detached plain socket.
+    with LoopbackServer(hold) as proxy, wirecut.http.client(proxy=proxy.url, timeout=LONG) as c:
+        future = scope.spawn(c.get, "http://example.invalid/slow")
+        assert proxy.wait_requests(1)
+        assert proxy.requests[0].path == "http://example.invalid/slow"  # Proxy form.
         scope.cancel("stop")
         with pytest.raises(Interrupted):
             future.result(BOUND)
-        assert server.wait_closes(1)
-        assert_quiet(scope)
+        assert_cut_reached_the_server(proxy, scope)
+
+
+def test_a_transport_or_mount_that_is_not_scoped_is_refused() -> None:
+    with pytest.raises(ValueError, match="transport= is a HTTPTransport"):
+        wirecut.http.client(transport=httpx.HTTPTransport())
+    with pytest.raises(ValueError, match=r"mounts\['http://x'\] is a HTTPTransport"):
+        wirecut.http.client(mounts={"http://x": httpx.HTTPTransport()})
+    with pytest.raises(ValueError, match="verify, proxy would be ignored"):
+        wirecut.http.client(transport=ScopedTransport(), verify=False, proxy="http://p:1")
+    with wirecut.http.client(mounts={"http://x": ScopedTransport()}, verify=False):
+        pass
+
+
+# -- the pieces ------------------------------------------------------------------
+
+
+def test_cut_as_interrupted_turns_an_error_into_interrupted_only_under_a_cancel() -> None:
+    scope = InterruptScope("t")
+    with pytest.raises(OSError, match="boom"), cut_as_interrupted(scope):
+        raise OSError("boom")
+    scope.cancel("stop")
+    with pytest.raises(Interrupted) as info, cut_as_interrupted(scope):
+        raise OSError("boom")
+    assert info.value.reason == "stop"
+    assert isinstance(info.value.__cause__, OSError)
+    with pytest.raises(KeyboardInterrupt), cut_as_interrupted(scope):
+        raise KeyboardInterrupt
+    with pytest.raises(OSError, match="boom"), cut_as_interrupted(None):
+        raise OSError("boom")
+
+
+def test_a_missing_private_attribute_fails_loudly() -> None:
+    with pytest.raises(RuntimeError, match=r"httpx .*HTTPTransport\._pool\._network_backend"):
+        install_network_backend(object(), ScopedNetworkBackend(), "httpx")
+    with pytest.raises(RuntimeError, match=r"nothere\._backends\.sync is missing"):
+        httpcore_flavour(ModuleType("nothere"))
+    with pytest.raises(RuntimeError, match=r"urllib3 .*_get_conn"):
+        require_private(type("Pool", (), {}), ("_get_conn",), "urllib3")

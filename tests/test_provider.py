@@ -7,13 +7,22 @@ import socket
 import threading
 from collections.abc import Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _loopback import Exchange, LoopbackServer
+from _loopback import (
+    Exchange,
+    FullBacklog,
+    LoopbackServer,
+    StallServer,
+    connect_started,
+    self_signed,
+)
 from _promises import assert_quiet
 from wirecut.provider import (
     ChatClient,
@@ -30,6 +39,8 @@ from wirecut.provider import (
 from wirecut.scope import Interrupted, InterruptScope, bind_scope
 
 BOUND = 5.0  # seconds: a generous bound for "promptly" on a shared, noisy machine
+# A timeout no test may reach: only a cut can end the wait within BOUND.
+LONG = 60.0
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
@@ -276,6 +287,51 @@ def test_a_cancelled_scope_raises_at_entry_and_connects_nowhere(server: Loopback
     assert_quiet(scope)
 
 
+def test_a_cancelled_scope_sends_nothing_through_a_plain_http_client(
+    server: LoopbackServer,
+) -> None:
+    # A plain httpx.Client knows no scope: only chat()'s own check stops it.
+    scope = InterruptScope("t")
+    scope.cancel("early")
+    with httpx.Client() as http, ChatClient(server.url, http_client=http) as client:
+        with bind_scope(scope), pytest.raises(Interrupted) as info:
+            client.chat(MESSAGES)
+    assert info.value.reason == "early"
+    assert server.connections == 0
+
+
+def test_a_stalled_tls_handshake_is_cut() -> None:
+    scope = InterruptScope("t")
+    with StallServer() as server:
+        client = ChatClient(server.url, timeout=LONG, connect_timeout=LONG)
+        future = scope.spawn(client.chat, MESSAGES)
+        assert server.hello.wait(BOUND)  # The ClientHello is out; no answer will come.
+        scope.cancel("stop")
+        # Nothing was sent to the provider yet: Interrupted, not a partial result.
+        with pytest.raises(Interrupted) as info:
+            future.result(BOUND)
+        assert info.value.reason == "stop"
+        assert server.closed.wait(BOUND)
+        assert server.connections == 1
+        assert_quiet(scope)
+        client.close()
+
+
+def test_a_connect_to_a_full_backlog_is_cut() -> None:
+    scope = InterruptScope("t")
+    with FullBacklog() as backlog:
+        if not backlog.blocked:
+            pytest.skip("could not make a loopback connect block here")
+        started = connect_started(backlog.port)
+        with ChatClient(backlog.url, timeout=LONG, connect_timeout=LONG) as client:
+            future = scope.spawn(client.chat, MESSAGES)
+            assert started.wait(BOUND)
+            scope.cancel("stop")
+            with pytest.raises(Interrupted):
+                future.result(BOUND)
+        assert_quiet(scope)
+
+
 def test_the_next_chat_after_a_cut_in_a_new_scope_works() -> None:
     scope = InterruptScope("t")
     calls = []
@@ -409,10 +465,55 @@ def test_a_closed_client_refuses_to_chat(server: LoopbackServer) -> None:
         client.chat(MESSAGES)
 
 
-@pytest.mark.parametrize("kwargs", [{"timeout": 0}, {"connect_timeout": -1}, {"max_retries": -1}])
-def test_bad_settings_are_refused(kwargs: dict[str, Any]) -> None:
-    with pytest.raises(ValueError, match=next(iter(kwargs))):
-        ChatClient("http://127.0.0.1:9", **kwargs)
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"base_url": ""},
+        {"base_url": "127.0.0.1:8080/v1"},
+        {"base_url": "ftp://127.0.0.1/v1"},
+        {"base_url": "http://"},
+        {"timeout": 0},
+        {"timeout": float("inf")},
+        {"timeout": float("nan")},
+        {"timeout": True},
+        {"connect_timeout": -1},
+        {"connect_timeout": 1e12},
+        {"max_retries": -1},
+        {"max_retries": 2.5},
+        {"max_retries": True},
+        {"max_retries": "2"},
+    ],
+)
+def test_bad_settings_are_refused_in_one_line_naming_the_argument(kwargs: dict[str, Any]) -> None:
+    settings = {"base_url": "http://127.0.0.1:9", **kwargs}
+    with pytest.raises(ValueError, match=next(iter(kwargs))) as info:
+        ChatClient(**settings)
+    assert "\n" not in str(info.value)
+
+
+def test_a_redirect_to_a_scheme_it_cannot_speak_is_not_retried() -> None:
+    def to_ftp(ex: Exchange) -> None:
+        ex.respond(307, b"", headers={"Location": "ftp://127.0.0.1/x"})
+
+    with LoopbackServer(to_ftp) as server, httpx.Client(follow_redirects=True) as http:
+        with ChatClient(server.url, http_client=http, max_retries=3) as client:
+            with pytest.raises(ProviderConnectionError) as info:
+                client.chat(MESSAGES)
+    assert not info.value.retryable
+    assert len(server.requests) == 1
+
+
+def test_a_certificate_that_does_not_verify_is_not_retried(tmp_path: Path) -> None:
+    made = self_signed(tmp_path)
+    if made is None:
+        pytest.skip("needs the openssl command")
+    with LoopbackServer(hello_stream, ssl_context=made[0]) as server:
+        with ChatClient(server.url, max_retries=3) as client:  # Trusts only the system's CAs.
+            with pytest.raises(ProviderConnectionError, match="CERTIFICATE_VERIFY_FAILED") as info:
+                client.chat(MESSAGES)
+        assert server.wait_closes(1)
+        assert server.connections == 1
+    assert not info.value.retryable
 
 
 _sse_text = st.text(

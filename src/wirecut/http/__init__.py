@@ -1,43 +1,31 @@
 """An httpx transport whose connections register with the bound scope.
 
 Imports only ``wirecut.scope`` from the project. ``client()`` makes an
-``httpx.Client`` whose requests a ``scope.cancel()`` cuts: the socket is shut
-down, the blocked worker wakes with ``Interrupted`` and the server sees the
-close. Connections are pooled per scope, never shared between two scopes.
-With no scope bound, it is a plain httpx client.
+``httpx.Client`` whose requests a ``scope.cancel()`` cuts: the connect, the
+TLS handshake or the read it is blocked in ends at once, the worker wakes
+with ``Interrupted``, and the server sees the close. Connections are pooled
+per scope, never shared between two scopes, and a cancelled scope's idle
+connections are closed. With no scope bound, it is a plain httpx client.
 
-The ``*Core`` classes, ``PerScope`` and ``SocketHold`` are the flavour-free
-building blocks that ``wirecut.adapters`` reuses for httpx2 (the openai SDK)
-and urllib3 (requests).
+``cut_as_interrupted`` is the one way the layers above turn an error that a
+cut caused into ``Interrupted``. What cannot be cut (name resolution, a Unix
+socket connect) is listed in docs/cancellation-limits.md.
 """
 
 from wirecut.http._backend import (
     DEFAULT_CONNECT_TIMEOUT,
-    ScopedBackendCore,
     ScopedNetworkBackend,
     ScopedNetworkStream,
-    ScopedStreamCore,
 )
-from wirecut.http._per_scope import PerScope
-from wirecut.http._socket_hold import SocketHold, raise_if_cancelled
-from wirecut.http._transport import (
-    ReleasingStreamCore,
-    ScopedTransport,
-    ScopedTransportCore,
-    client,
-)
+from wirecut.http._cut import cut_as_interrupted, raise_if_cut
+from wirecut.http._transport import ScopedTransport, client
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
-    "PerScope",
-    "ReleasingStreamCore",
-    "ScopedBackendCore",
     "ScopedNetworkBackend",
     "ScopedNetworkStream",
-    "ScopedStreamCore",
     "ScopedTransport",
-    "ScopedTransportCore",
-    "SocketHold",
     "client",
-    "raise_if_cancelled",
+    "cut_as_interrupted",
+    "raise_if_cut",
 ]

@@ -1,35 +1,43 @@
 """A network backend whose sockets register with the scope bound at connect time.
 
 The logic lives in two flavour-free cores, ``ScopedStreamCore`` and
-``ScopedBackendCore``, that wrap an httpcore ``SyncBackend`` and its streams by
-duck typing. ``ScopedNetworkBackend``/``ScopedNetworkStream`` are the httpcore
-(1.x) flavour used by ``wirecut.http``; ``wirecut.adapters`` builds the
-httpcore2 flavour of the official openai SDK from the same cores.
+``ScopedBackendCore``, that speak httpcore's backend interface by duck typing.
+``ScopedNetworkBackend``/``ScopedNetworkStream`` are the httpcore (1.x) flavour
+used by ``wirecut.http``; ``wirecut.adapters`` builds the httpcore2 flavour of
+the official openai SDK from the same cores.
 
-A stream is used by one thread at a time, the thread that runs the request
-(httpcore's sync pool connects and reads in the caller's thread, DESIGN fact 7);
-the scope's cut reaches it from any thread, and only ever shuts the socket down.
+The backend makes its own TCP connections (``SocketHold.connect_tcp``: a
+connect a cut ends at once) and wraps each connected socket in the flavour's
+own ``SyncStream``, so reading, writing and TLS are httpcore's code.
 
-Cancellation: connecting under a cancelled scope raises ``Interrupted`` before
-any connect. A cut shuts the registered socket down, which wakes a blocked
-read or write at once; the stream then raises ``Interrupted(scope.reason)``
-instead of the ``b""``/``OSError`` the cut produced. This is the one place
-where a cut becomes ``Interrupted`` for every client built on these cores:
-httpcore, httpx and the openai SDK let a ``BaseException`` raised here pass
-through untouched (and the SDK does not retry it, DESIGN fact 6), and httpcore
-closes a connection whose response ended in an exception, so a cut connection
+httpcore's sync pool connects and reads in the requesting thread, where the
+request's scope is bound: a stream belongs to the scope bound at its connect
+and is used by one thread at a time. The scope's cut reaches it from any
+thread, and only ever shuts the socket down.
+
+Cancellation: connecting under a cancelled scope raises ``Interrupted``
+before anything is resolved or connected. A cut ends a connect, a TLS
+handshake, a read or a write at once, and the stream raises
+``Interrupted(scope.reason)`` instead of the error the cut produced
+(``cut_as_interrupted``). httpcore, httpx and the openai SDK let that
+``BaseException`` pass through (the SDK does not retry it), and httpcore
+closes a connection whose request ended in an exception, so a cut connection
 is never returned to a pool.
 """
 
 from __future__ import annotations
 
+import math
 import ssl
+import threading
 from collections.abc import Iterable
 from typing import Any, Generic, Self, TypeVar
 
 import httpcore
 
-from wirecut.http._socket_hold import SocketHold, raise_if_cancelled
+from wirecut.http._cut import cut_as_interrupted, raise_if_cut
+from wirecut.http._socket_hold import SocketHold
+from wirecut.http._thirdparty import HTTPCoreFlavour, httpcore_flavour
 from wirecut.scope import InterruptScope, current_scope
 
 __all__ = [
@@ -38,11 +46,36 @@ __all__ = [
     "ScopedNetworkBackend",
     "ScopedNetworkStream",
     "ScopedStreamCore",
+    "check_seconds",
 ]
 
-#: Upper bound (seconds) on one ``connect()``: it runs before the socket can
-#: be registered, so a cut cannot reach it (DESIGN fact 7).
+#: Upper bound (seconds) on one TCP connect and on one TLS handshake, whatever
+#: the request's timeout says (a cut ends either at once; this bounds them
+#: where no scope is bound). Name resolution is not covered.
 DEFAULT_CONNECT_TIMEOUT = 10.0
+
+
+def check_seconds(name: str, value: object, *, allow_none: bool = False) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is a usable number of seconds.
+
+    Usable: an int or float (not a bool), finite, above 0 and at most
+    ``threading.TIMEOUT_MAX``: the longest wait a lock or a socket can do
+    here; a longer one fails later with ``OverflowError``, far from its cause.
+    """
+    if value is None and allow_none:
+        return
+    ok = (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0 < value <= threading.TIMEOUT_MAX
+    )
+    if not ok:
+        bound = f"{threading.TIMEOUT_MAX:.0f}"
+        none = " or None" if allow_none else ""
+        raise ValueError(
+            f"{name} must be a number of seconds above 0 and at most {bound}{none}, not {value!r}"
+        )
 
 
 class ScopedStreamCore:
@@ -57,12 +90,13 @@ class ScopedStreamCore:
 
     Only the thread using the connection calls the methods; ``close()``
     unregisters first (waiting for a cut in flight) and then closes, so the
-    cutter never races the close (DESIGN fact 3).
+    cutter never races the close.
     """
 
-    def __init__(self, inner: Any, scope: InterruptScope | None) -> None:
+    def __init__(self, inner: Any, hold: SocketHold, connect_timeout: float | None) -> None:
         self._inner = inner
-        self._hold = SocketHold(scope)
+        self._hold = hold
+        self._connect_timeout = connect_timeout
         self._acquire()
 
     @property
@@ -83,27 +117,18 @@ class ScopedStreamCore:
         """Unregister the socket; the next read or write registers it again."""
         self._hold.release()
 
-    def _cut(self, exc: BaseException | None) -> None:
-        self._hold.raise_if_cut(exc)
-
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         self._acquire()
-        try:
+        with cut_as_interrupted(self._hold.scope):
             data: bytes = self._inner.read(max_bytes, timeout)
-        except Exception as exc:
-            self._cut(exc)
-            raise
         if not data:
-            self._cut(None)  # A cut reads as EOF: say it was the cut.
+            raise_if_cut(self._hold.scope)  # A cut reads as EOF: say it was the cut.
         return data
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
         self._acquire()
-        try:
+        with cut_as_interrupted(self._hold.scope):
             self._inner.write(buffer, timeout)
-        except Exception as exc:
-            self._cut(exc)
-            raise
 
     def close(self) -> None:
         self.release()  # Waits for a cut in flight: only then may we close.
@@ -115,29 +140,26 @@ class ScopedStreamCore:
         server_hostname: str | None = None,
         timeout: float | None = None,
     ) -> Self:
-        # The plain socket stays registered through the handshake, so a cut
-        # reaches it there too.
+        self._acquire()
+        # The wrap detaches the plain socket before its handshake (its fd is
+        # -1 then: docs/architecture.md, fact 7); the dup keeps the real
+        # socket registered through the handshake.
+        self._hold.hold_across_wrap(self._inner.get_extra_info("socket"))
+        timeout = _bounded(timeout, self._connect_timeout)
         try:
-            inner_tls = self._inner.start_tls(ssl_context, server_hostname, timeout)
-        except Exception as exc:
-            # The inner stream closed its socket already: drop our hold on it.
-            self.release()
-            self._cut(exc)
-            raise
+            with cut_as_interrupted(self._hold.scope):
+                inner_tls = self._inner.start_tls(ssl_context, server_hostname, timeout)
         except BaseException:
-            self.release()
+            # The inner stream closed its socket already; close the dup too.
+            self._hold.release()
             raise
-        # The wrap detached the plain socket (its fd is -1 now): the
-        # registration moves to the TLS socket, registered before the plain
-        # one is released so that a cancel in between cannot miss both.
         try:
-            tls = type(self)(inner_tls, self.scope)
+            # The registration moves to the TLS socket (and the dup is closed).
+            return type(self)(inner_tls, self._hold, self._connect_timeout)
         except BaseException:
-            self.release()
+            self._hold.release()
             inner_tls.close()
             raise
-        self.release()
-        return tls
 
     def get_extra_info(self, info: str) -> Any:
         return self._inner.get_extra_info(info)
@@ -146,40 +168,46 @@ class ScopedStreamCore:
 StreamT = TypeVar("StreamT", bound=ScopedStreamCore)
 
 
+def _bounded(timeout: float | None, bound: float | None) -> float | None:
+    if bound is None:
+        return timeout
+    return bound if timeout is None else min(timeout, bound)
+
+
 class ScopedBackendCore(Generic[StreamT]):
     """An httpcore network backend that registers each new socket with the bound scope.
 
     Called by an httpcore sync pool in the requesting thread, where the
-    request's scope is bound (DESIGN fact 7). A pool must serve one scope
-    only: a stream belongs to the scope bound at its connect.
-    ``ScopedTransport`` keeps one pool per scope for that reason.
+    request's scope is bound. A pool must serve one scope only: a stream
+    belongs to the scope bound at its connect. ``ScopedTransport`` keeps one
+    pool per scope for that reason.
 
-    Cancellation: ``connect_*`` raises ``Interrupted`` at once under a
-    cancelled scope, so no request, retry or reconnect starts after a cancel.
-    The connect itself cannot be cut (no socket to register yet): it is
-    bounded by ``connect_timeout``, and a cancel during it is seen when the
-    new socket registers. ``sleep`` (httpcore's pause between connect retries)
-    wakes at once on a cancel.
+    ``inner`` is the flavour's ``SyncBackend``, used for Unix sockets and,
+    with no scope bound, for ``sleep``.
+
+    Cancellation: ``connect_tcp`` raises ``Interrupted`` at once under a
+    cancelled scope, so no request, retry or reconnect starts after a cancel,
+    and a cut ends a connect in progress at once. Name resolution and a Unix
+    socket connect cannot be cut: they are bounded by the resolver's settings
+    and by ``connect_timeout`` (docs/cancellation-limits.md). ``sleep``
+    (httpcore's pause between connect retries) wakes at once on a cancel.
     """
 
     def __init__(
         self,
+        flavour: HTTPCoreFlavour,
         inner: Any,
         stream_class: type[StreamT],
         connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
     ) -> None:
-        if connect_timeout is not None and not connect_timeout > 0:
-            raise ValueError(
-                f"connect_timeout must be > 0 seconds or None, not {connect_timeout!r}"
-            )
+        check_seconds("connect_timeout", connect_timeout, allow_none=True)
+        self._flavour = flavour
         self._inner = inner
         self._stream_class = stream_class
         self.connect_timeout = connect_timeout
 
     def _timeout(self, timeout: float | None) -> float | None:
-        if self.connect_timeout is None:
-            return timeout
-        return self.connect_timeout if timeout is None else min(timeout, self.connect_timeout)
+        return _bounded(timeout, self.connect_timeout)
 
     def connect_tcp(
         self,
@@ -189,14 +217,25 @@ class ScopedBackendCore(Generic[StreamT]):
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> StreamT:
-        return self._connect(
-            self._inner.connect_tcp,
-            host,
-            port,
-            timeout=self._timeout(timeout),
-            local_address=local_address,
-            socket_options=socket_options,
-        )
+        hold = SocketHold(current_scope())
+        try:
+            sock = hold.connect_tcp(
+                host,
+                port,
+                timeout=self._timeout(timeout),
+                source_address=None if local_address is None else (local_address, 0),
+                socket_options=socket_options,
+            )
+        except TimeoutError as exc:
+            raise self._flavour.connect_timeout(str(exc)) from exc
+        except OSError as exc:
+            raise self._flavour.connect_error(str(exc)) from exc
+        try:
+            return self._stream_class(self._flavour.sync_stream(sock), hold, self.connect_timeout)
+        except BaseException:
+            hold.release()
+            sock.close()
+            raise
 
     def connect_unix_socket(
         self,
@@ -204,24 +243,16 @@ class ScopedBackendCore(Generic[StreamT]):
         timeout: float | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> StreamT:
-        return self._connect(
-            self._inner.connect_unix_socket,
-            path,
-            timeout=self._timeout(timeout),
-            socket_options=socket_options,
-        )
-
-    def _connect(self, connect: Any, *args: Any, **kwargs: Any) -> StreamT:
         scope = current_scope()
         if scope is not None:
+            # A Unix socket connect cannot be waited on (a full backlog fails
+            # a non-blocking one at once): refuse it here, bound it below.
             scope.check()
+        stream = self._inner.connect_unix_socket(
+            path, timeout=self._timeout(timeout), socket_options=socket_options
+        )
         try:
-            stream = connect(*args, **kwargs)
-        except Exception as exc:
-            raise_if_cancelled(scope, exc)
-            raise
-        try:
-            return self._stream_class(stream, scope)
+            return self._stream_class(stream, SocketHold(scope), self.connect_timeout)
         except BaseException:
             stream.close()  # Cancelled during the connect: cut on entry, ours to close.
             raise
@@ -239,7 +270,9 @@ class ScopedNetworkStream(ScopedStreamCore, httpcore.NetworkStream):
 
 
 class ScopedNetworkBackend(ScopedBackendCore[ScopedNetworkStream], httpcore.NetworkBackend):
-    """The httpcore (1.x) flavour of ``ScopedBackendCore``, over ``httpcore.SyncBackend``."""
+    """The httpcore (1.x) flavour of ``ScopedBackendCore``; see there for cancellation."""
 
     def __init__(self, *, connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT) -> None:
-        super().__init__(httpcore.SyncBackend(), ScopedNetworkStream, connect_timeout)
+        super().__init__(
+            httpcore_flavour(httpcore), httpcore.SyncBackend(), ScopedNetworkStream, connect_timeout
+        )

@@ -121,10 +121,6 @@ class ChatAccumulator:
     def text(self) -> str:
         return "".join(self._text)
 
-    @property
-    def received_anything(self) -> bool:
-        return bool(self._text or self._calls or self.finish_reason)
-
     def tool_calls(self) -> list[ToolCall]:
         return [
             ToolCall(call.id or f"call_{index}", call.name, "".join(call.arguments))

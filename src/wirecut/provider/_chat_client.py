@@ -21,6 +21,7 @@ import httpx
 
 import wirecut.http
 import wirecut.scope as ws
+from wirecut.http._core import check_seconds
 from wirecut.provider._accumulator import ChatAccumulator
 from wirecut.provider._errors import (
     ProviderConnectionError,
@@ -70,6 +71,11 @@ class ChatClient:
     it should be a ``wirecut.http.client()`` for the requests to be cuttable.
     ``wire_stream=False`` makes every request a real non-streaming one (the
     default streams on the wire, see ``chat``).
+
+    Bad settings are a ``ValueError`` naming the argument: ``base_url`` must
+    be an http:// or https:// URL with a host; ``timeout`` and
+    ``connect_timeout`` finite seconds above 0 and at most
+    ``threading.TIMEOUT_MAX``; ``max_retries`` a whole number >= 0.
     """
 
     def __init__(
@@ -84,11 +90,11 @@ class ChatClient:
         http_client: httpx.Client | None = None,
         wire_stream: bool = True,
     ) -> None:
-        for name, value in (("timeout", timeout), ("connect_timeout", connect_timeout)):
-            if math.isnan(value) or value <= 0:
-                raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
-        if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, not {max_retries!r}")
+        _check_base_url(base_url)
+        check_seconds("timeout", timeout)
+        check_seconds("connect_timeout", connect_timeout)
+        if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
+            raise ValueError(f"max_retries must be a whole number >= 0, not {max_retries!r}")
         self.base_url = base_url.rstrip("/")
         self.url = f"{self.base_url}/chat/completions"
         self.model = model
@@ -146,7 +152,8 @@ class ChatClient:
 
         Connection errors, 429 and 5xx are retried up to ``max_retries``
         times, after ``Retry-After`` (capped at 30 s) or a backoff, but never
-        once a response body started, and never after a cut.
+        once a response body started, never after a cut, and never when the
+        error says a retry cannot help (``ProviderConnectionError.retryable``).
 
         Cancellation: if the bound scope is cancelled before the request was
         sent (at entry, while connecting, during a retry backoff) ``chat()``
@@ -177,6 +184,8 @@ class ChatClient:
 
         requests = 0
         for attempt in range(self.max_retries + 1):
+            # wirecut's transport refuses a cancelled scope by itself; a plain
+            # http_client= does not, and this is then the only thing that does.
             ws.check()
             state = _Attempt()
             accumulator = ChatAccumulator(sink)
@@ -186,9 +195,9 @@ class ChatClient:
                 if not state.sent:
                     raise  # Nothing was asked of the provider: nothing to keep.
                 return accumulator.result(requests + 1, interrupted=True, reason=exc.reason)
-            except ProviderConnectionError:
+            except ProviderConnectionError as exc:
                 requests += state.sent
-                if state.response_started or attempt == self.max_retries:
+                if not exc.retryable or state.response_started or attempt == self.max_retries:
                     raise
                 delay = _backoff(attempt)
             except ProviderStatusError as exc:
@@ -285,6 +294,18 @@ def _retry_after(value: str | None) -> float | None:
     if math.isnan(seconds):
         return None
     return min(max(seconds, 0.0), MAX_RETRY_AFTER)
+
+
+def _check_base_url(base_url: object) -> None:
+    what = "base_url must be an http:// or https:// URL with a host"
+    if not isinstance(base_url, str):
+        raise ValueError(f"{what}, not {base_url!r}")
+    try:
+        url = httpx.URL(base_url)
+    except httpx.InvalidURL as exc:
+        raise ValueError(f"{what}, not {base_url!r} ({exc})") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(f"{what}, not {base_url!r}")
 
 
 def _backoff(attempt: int) -> float:

@@ -5,7 +5,8 @@ The tree::
     Exception
     └── ProviderError                 anything the provider or the way to it did wrong
         ├── ProviderConnectionError   could not connect, or the connection broke
-        │                             (the message names the URL)
+        │                             (the message names the URL; ``retryable``
+        │                             is False where a retry cannot help)
         ├── ProviderStatusError       an HTTP error status: ``status_code``, ``body``
         │                             (an excerpt) and ``retry_after``
         ├── ProviderResponseError     a response we cannot read: not JSON, malformed
@@ -18,17 +19,20 @@ The tree::
                                       instead once the request was sent)
 
 httpx errors are translated in one place, ``map_http_errors``, with
-``raise ... from exc``.
+``raise ... from exc``; under a cancelled scope an httpx error is the cut's
+doing and becomes ``Interrupted`` (``wirecut.http.raise_if_cut``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ssl
 from collections.abc import Iterator
 
 import httpx
 
-from wirecut.scope import Interrupted, current_scope
+from wirecut.http import raise_if_cut
+from wirecut.scope import current_scope
 
 __all__ = [
     "ProviderConnectionError",
@@ -48,11 +52,17 @@ class ProviderError(Exception):
 
 
 class ProviderConnectionError(ProviderError):
-    """Could not connect to the provider at ``url``, or the connection broke."""
+    """Could not connect to the provider at ``url``, or the connection broke.
 
-    def __init__(self, message: str, *, url: str) -> None:
+    ``retryable`` is False when the same request cannot succeed later (a URL
+    scheme the client cannot speak, a request it cannot form, a certificate
+    that does not verify): ``ChatClient`` does not retry those.
+    """
+
+    def __init__(self, message: str, *, url: str, retryable: bool = True) -> None:
         super().__init__(message)
         self.url = url
+        self.retryable = retryable
 
 
 class ProviderStatusError(ProviderError):
@@ -92,22 +102,42 @@ def map_http_errors(url: str) -> Iterator[None]:
     """Translate the httpx errors raised inside the block into ``ProviderError``s.
 
     Under a cancelled bound scope an httpx error is the cut's doing (a shut
-    down socket reads as EOF): it becomes ``Interrupted`` instead. wirecut's
-    own transport raises ``Interrupted`` itself; this covers any other
-    transport. ``Interrupted`` and ``ProviderError`` pass through.
+    down socket reads as EOF): it becomes ``Interrupted`` instead
+    (``wirecut.http.raise_if_cut``). wirecut's own transport raises
+    ``Interrupted`` itself; this covers any other transport. ``Interrupted``
+    and ``ProviderError`` pass through: an error status that arrived whole is
+    the provider's answer, whatever happened after it.
     """
     try:
         yield
     except httpx.HTTPError as exc:
-        scope = current_scope()
-        if scope is not None and scope.cancelled:
-            raise Interrupted(scope.reason or "cancelled") from exc
+        raise_if_cut(current_scope(), exc)
         if isinstance(exc, httpx.TimeoutException):
             raise ProviderTimeout(f"{url}: {type(exc).__name__}: {exc}") from exc
+        if isinstance(exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError):
+            raise ProviderConnectionError(
+                f"cannot send a request to {url}: {exc}", url=url, retryable=False
+            ) from exc
         if isinstance(exc, httpx.ConnectError):
-            raise ProviderConnectionError(f"cannot connect to {url}: {exc}", url=url) from exc
+            raise ProviderConnectionError(
+                f"cannot connect to {url}: {exc}",
+                url=url,
+                retryable=not _caused_by(exc, ssl.SSLCertVerificationError),
+            ) from exc
         if isinstance(exc, httpx.TransportError):
             raise ProviderConnectionError(
                 f"connection to {url} failed: {type(exc).__name__}: {exc}", url=url
             ) from exc
         raise ProviderError(f"{url}: {type(exc).__name__}: {exc}") from exc
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """True if ``kind`` is in the chain of causes of ``exc`` (httpx -> httpcore -> ssl)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
