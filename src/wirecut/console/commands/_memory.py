@@ -1,0 +1,214 @@
+"""The console commands over the note store: ``memory ...`` and ``curator ...``.
+
+Each runs on a worker thread with the command's scope bound (see
+``_context``). The store calls are short SQLite transactions; the only long
+step is the model's plan in ``curator run --consolidate``, which runs with no
+transaction open and is cut by a cancel like any agent turn.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+from wirecut.console.commands._context import CommandContext, CommandError, UsageError
+from wirecut.console.commands._registry import command
+from wirecut.memory import (
+    ARCHIVE_AFTER,
+    PLAN_MAX_TOKENS,
+    STALE_AFTER,
+    ConflictError,
+    CuratorOutcome,
+    NoteState,
+    StoreError,
+    curate,
+    format_note,
+    format_notes,
+)
+
+__all__ = ["curator_run", "curator_status", "memory_add", "memory_list", "memory_show"]
+
+ADD_USAGE = "memory add TITLE -- BODY"
+LIST_USAGE = "memory list"
+SHOW_USAGE = "memory show ID"
+STATUS_USAGE = "curator status"
+#: The longest threshold ``--stale-days``/``--archive-days`` take (a century).
+MAX_DAYS = 36_500
+RUN_USAGE = (
+    "curator run [--consolidate] [--dry-run] [--yes] [--stale-days DAYS] [--archive-days DAYS]"
+)
+
+
+def _usage(problem: str, usage: str) -> UsageError:
+    return UsageError(f"{problem}; usage: {usage}")
+
+
+def _lines(ctx: CommandContext, lines: list[str]) -> None:
+    ctx.write("".join(f"{line}\n" for line in lines))
+
+
+@command("memory add", usage=ADD_USAGE, summary="add a note")
+def memory_add(ctx: CommandContext, args: list[str]) -> None:
+    """Add an active note: the words before ``--`` are its title, the words after it its body."""
+    if "--" not in args:
+        raise _usage("put -- between the title and the body", ADD_USAGE)
+    split = args.index("--")
+    title, body = " ".join(args[:split]), " ".join(args[split + 1 :])
+    if not title.strip():
+        raise _usage("the title is missing", ADD_USAGE)
+    if not body.strip():
+        raise _usage("the body is missing", ADD_USAGE)
+    try:
+        note = ctx.services.store.add(title, body)
+    except ValueError as exc:
+        raise _usage(str(exc), ADD_USAGE) from None
+    except StoreError as exc:
+        raise CommandError(str(exc)) from None
+    ctx.write(f"added note #{note.id}\n")
+
+
+@command("memory list", usage=LIST_USAGE, summary="list the notes")
+def memory_list(ctx: CommandContext, args: list[str]) -> None:
+    """One line per note: id, state, last use, title."""
+    if args:
+        raise _usage(f"unexpected {args[0]!r}", LIST_USAGE)
+    try:
+        notes = ctx.services.store.notes()
+    except StoreError as exc:
+        raise CommandError(str(exc)) from None
+    _lines(ctx, format_notes(notes))
+
+
+@command("memory show", usage=SHOW_USAGE, summary="show a note (and count it as used)")
+def memory_show(ctx: CommandContext, args: list[str]) -> None:
+    """Print a note in full. Showing a note is a use: it stays active (a stale one is again)."""
+    if len(args) != 1:
+        raise _usage("give one note id", SHOW_USAGE)
+    word = args[0].removeprefix("#")
+    if not word.isdigit():
+        raise _usage(f"the note id must be a number, not {args[0]!r}", SHOW_USAGE)
+    store = ctx.services.store
+    try:
+        note = store.touch(int(word))
+        if note is None:
+            raise CommandError(f"there is no note #{word}")
+        umbrella = store.get(note.umbrella_id) if note.umbrella_id is not None else None
+        merged = store.merged_into(note.id)
+    except StoreError as exc:
+        raise CommandError(str(exc)) from None
+    _lines(ctx, format_note(note, umbrella=umbrella, merged=merged))
+
+
+@command("curator status", usage=STATUS_USAGE, summary="count the active, stale and archived notes")
+def curator_status(ctx: CommandContext, args: list[str]) -> None:
+    """One line per state: how many notes are in it."""
+    if args:
+        raise _usage(f"unexpected {args[0]!r}", STATUS_USAGE)
+    try:
+        counts = ctx.services.store.counts()
+    except StoreError as exc:
+        raise CommandError(str(exc)) from None
+    _lines(ctx, [f"{state}: {counts[state]}" for state in NoteState])
+
+
+@command(
+    "curator run",
+    usage=RUN_USAGE,
+    summary="mark unused notes stale, archive old stale ones; --consolidate merges related notes",
+)
+def curator_run(ctx: CommandContext, args: list[str]) -> None:
+    """The curator pass; asks for confirmation before it writes unless ``--yes``.
+
+    With ``--consolidate`` the model plans umbrella notes (its reply streams
+    as ``token`` output, its usage is counted); an invalid plan fails the
+    command with the reasons, and nothing is written. ``--dry-run`` prints
+    what would change and writes nothing.
+
+    Cancellation: a cancel while the model works cuts its request; during
+    the confirmation it ends the wait; before the commit it rolls the write
+    back. The store is left as it was in each case.
+    """
+    consolidate = dry_run = yes = False
+    stale_after, archive_after = STALE_AFTER, ARCHIVE_AFTER
+    words = iter(args)
+    for word in words:
+        if word == "--consolidate":
+            consolidate = True
+        elif word == "--dry-run":
+            dry_run = True
+        elif word == "--yes":
+            yes = True
+        elif word in ("--stale-days", "--archive-days"):
+            days = _days(word, next(words, None))
+            if word == "--stale-days":
+                stale_after = days
+            else:
+                archive_after = days
+        else:
+            raise _usage(f"unknown option {word!r}", RUN_USAGE)
+
+    streamed = False
+
+    def on_token(text: str) -> None:
+        nonlocal streamed
+        streamed = True
+        ctx.token(text)
+
+    try:
+        run = curate(
+            ctx.services.store,
+            client=ctx.services.chat_client() if consolidate else None,
+            consolidate=consolidate,
+            dry_run=dry_run,
+            confirm=None if yes else ctx.confirm,
+            stale_after=stale_after,
+            archive_after=archive_after,
+            model=ctx.services.model,
+            max_tokens=max(PLAN_MAX_TOKENS, ctx.services.max_tokens),
+            on_token=on_token,
+            on_usage=ctx.add_usage,
+            on_progress=lambda line: ctx.write(line + "\n"),
+        )
+    except ConflictError as exc:
+        raise CommandError(f"{exc} (they were used or changed while the model worked)") from None
+    except StoreError as exc:
+        raise CommandError(str(exc)) from None
+    finally:
+        if streamed:
+            ctx.token("\n")
+
+    lines = [run.skipped] if run.skipped else []
+    changes = [f"  {line}" for line in run.changes()]
+    if run.outcome is CuratorOutcome.INVALID_PLAN:
+        _lines(ctx, [*lines, "the plan is invalid; nothing was changed:"])
+        _lines(ctx, [f"  {problem}" for problem in run.problems])
+        raise CommandError("the plan is invalid: " + "; ".join(run.problems))
+    if run.outcome is CuratorOutcome.NOTHING_TO_DO:
+        lines.append("nothing to change")
+    elif run.outcome is CuratorOutcome.DRY_RUN:
+        lines += ["dry run, nothing was changed; a run would:", *changes]
+        if run.plan is not None:
+            for i, umbrella in enumerate(run.plan.umbrellas, start=1):
+                lines.append(f"  umbrella {i} {umbrella.title!r}: {umbrella.body}")
+    elif run.outcome is CuratorOutcome.DECLINED:
+        lines.append("not confirmed; nothing was changed")
+    else:
+        made = ", ".join(f"#{note.id}" for note in run.umbrellas)
+        lines += ["done:", *changes]
+        if made:
+            lines.append(f"  new umbrella notes: {made}")
+    _lines(ctx, lines)
+
+
+def _days(option: str, value: str | None) -> timedelta:
+    if value is None:
+        raise _usage(f"{option} needs a number of days", RUN_USAGE)
+    try:
+        days = float(value)
+    except ValueError:
+        days = math.nan
+    if not math.isfinite(days) or not 0 < days <= MAX_DAYS:
+        raise _usage(
+            f"{option} must be a number of days in (0, {MAX_DAYS}], not {value!r}", RUN_USAGE
+        )
+    return timedelta(days=days)

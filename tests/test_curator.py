@@ -1,0 +1,860 @@
+"""The curator: the sweep, the plan (make, validate, apply), whole runs, and ``curator ...``.
+
+Consolidation runs against the simulator, scripted to answer with a JSON
+plan, on a pool thread under a real ``InterruptScope`` (``scope.run``), the
+way the console runner runs a command. "The store is unchanged" is always
+``dump()`` (``iterdump``) before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import wirecut.scope as ws
+from wirecut.console.commands import CommandContext, CommandError, Services, Session, UsageError
+from wirecut.console.commands._memory import curator_run, curator_status
+from wirecut.local import LocalServer, is_available
+from wirecut.memory import (
+    PLAN_MAX_TOKENS,
+    ConflictError,
+    CuratorOutcome,
+    Note,
+    NoteState,
+    NoteStore,
+    Plan,
+    PlanError,
+    SweepPlan,
+    Umbrella,
+    apply_plan,
+    curate,
+    make_plan,
+    parse_plan,
+    plan_sweep,
+    sweep,
+    validate_plan,
+)
+from wirecut.provider import ChatClient, Usage
+from wirecut.scope import Interrupted, InterruptScope
+from wirecut.simulator import ScriptedReply, SimConfig, SimulatorServer
+
+BOUND = 10.0  # seconds: "promptly" on a shared, noisy machine
+LOCAL_BOUND = 40.0  # seconds for the real tiny model's plan (80 tokens at most)
+DAY = 86_400.0
+NOW = 1_700_000_000.0
+
+
+# -- the store the tests start from -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Seeded:
+    """The ids of the seeded notes. At ``now`` a sweep archives ``ancient`` (stale for 70
+    days) and marks ``old`` stale (unused for 40 days); ``lyon``, ``train`` and ``paris``
+    stay active and are what the model is asked about."""
+
+    ancient: int
+    lyon: int
+    train: int
+    paris: int
+    old: int
+
+
+def seed(store: NoteStore, now: float) -> Seeded:
+    ancient = store.add("Ancient", "to be archived", now=now - 100 * DAY).id
+    sweep(store, now=now - 70 * DAY)  # ancient: stale since 70 days before now
+    return Seeded(
+        ancient=ancient,
+        lyon=store.add("Lyon trip", "Train at 9:12", now=now - DAY).id,
+        train=store.add("Train to Lyon", "Seat 42, coach 7", now=now - 2 * DAY).id,
+        paris=store.add("Paris", "Museum on Sunday", now=now - DAY).id,
+        old=store.add("Old recipe", "Flour and water", now=now - 40 * DAY).id,
+    )
+
+
+def plan_reply(*umbrellas: tuple[str, str, list[int]]) -> dict[str, Any]:
+    """The assistant message of a model answering with a plan (spaces make many tokens)."""
+    plan = {"umbrellas": [{"title": t, "summary": s, "note_ids": ids} for t, s, ids in umbrellas]}
+    return {"content": json.dumps(plan)}
+
+
+def lyon_plan(ids: Seeded) -> dict[str, Any]:
+    return plan_reply(("Lyon", "The train trip to Lyon.", [ids.lyon, ids.train]))
+
+
+def token_count(reply: Mapping[str, Any]) -> int:
+    return sum(1 for _ in ScriptedReply.from_json(reply, "count").pieces())
+
+
+# -- the provider -----------------------------------------------------------------------
+
+
+class Provider:
+    """A simulator whose reply the test scripts; it records every request body."""
+
+    def __init__(self) -> None:
+        self.reply: Callable[[dict[str, Any]], Mapping[str, Any] | None] = lambda body: None
+        self.bodies: list[dict[str, Any]] = []
+        config = SimConfig(slots=4, tokens_per_second=400, prompt_ms=2)
+        self.server = SimulatorServer(config, responder=self._respond)
+
+    def _respond(self, body: dict[str, Any]) -> Mapping[str, Any] | None:
+        self.bodies.append(body)
+        return self.reply(body)
+
+    def wait_all_ended(self) -> None:
+        """Every request so far reached its end (finished, or the provider saw the close)."""
+        for summary in self.server.requests():
+            self.server.wait_for(
+                lambda ev, rid=summary.id: (
+                    ev.request_id == rid and ev.kind in ("request_finished", "peer_closed")
+                ),
+                timeout=BOUND,
+            )
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[Provider]:
+    p = Provider()
+    with p.server:
+        yield p
+
+
+@pytest.fixture
+def sim(provider: Provider) -> Iterator[Provider]:
+    """The module's provider, reset for one test."""
+    provider.wait_all_ended()
+    provider.server.reset()
+    provider.bodies.clear()
+    provider.reply = lambda body: None
+    yield provider
+    provider.wait_all_ended()
+
+
+@pytest.fixture
+def client(provider: Provider) -> Iterator[ChatClient]:
+    with ChatClient(provider.server.base_url, model="sim") as c:
+        yield c
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> NoteStore:
+    return NoteStore.in_data_dir(tmp_path)
+
+
+def in_host(
+    fn: Callable[..., Any], *args: Any, scope: InterruptScope | None = None, **kwargs: Any
+) -> Any:
+    """Run ``fn`` as the runner runs a command: a pool thread, ``scope.run``; return its result."""
+    scope = scope or InterruptScope("command")
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(scope.run, fn, *args, **kwargs).result(BOUND)
+
+
+# -- the sweep --------------------------------------------------------------------------
+
+
+def note(note_id: int, state: NoteState, last_used_days: float, changed_days: float) -> Note:
+    return Note(
+        id=note_id,
+        title=f"n{note_id}",
+        body="",
+        state=state,
+        created_at=NOW - 400 * DAY,
+        last_used_at=NOW - last_used_days * DAY,
+        state_changed_at=NOW - changed_days * DAY,
+    )
+
+
+def test_plan_sweep_marks_long_unused_notes_stale_and_archives_long_stale_ones() -> None:
+    notes = [
+        note(1, NoteState.ACTIVE, 29.9, 100),  # used recently enough: stays
+        note(2, NoteState.ACTIVE, 30, 100),  # unused for exactly 30 days: stale
+        note(3, NoteState.STALE, 300, 59.9),  # stale, not long enough: stays
+        note(4, NoteState.STALE, 300, 60),  # stale for 60 days: archived
+        note(5, NoteState.ARCHIVED, 900, 900),  # archived: never touched again
+    ]
+    assert plan_sweep(notes, now=NOW) == SweepPlan(stale=(2,), archive=(4,))
+    custom = plan_sweep(notes, now=NOW, stale_after=timedelta(days=1), archive_after=timedelta(1))
+    assert custom == SweepPlan(stale=(1, 2), archive=(3, 4))
+
+
+def test_plan_sweep_refuses_a_threshold_that_is_not_positive() -> None:
+    with pytest.raises(ValueError, match="stale_after must be a positive duration"):
+        plan_sweep([], now=NOW, stale_after=timedelta(0))
+
+
+def test_sweep_writes_the_sweep_and_dry_run_writes_nothing(store: NoteStore) -> None:
+    ids = seed(store, NOW)
+    before = store.dump()
+    planned = sweep(store, now=NOW, dry_run=True)
+    assert planned == SweepPlan(stale=(ids.old,), archive=(ids.ancient,))
+    assert store.dump() == before
+    assert sweep(store, now=NOW) == planned
+    states = {n.id: n.state for n in store.notes()}
+    assert states[ids.old] is NoteState.STALE
+    assert states[ids.ancient] is NoteState.ARCHIVED
+    assert sweep(store, now=NOW) == SweepPlan()  # one step per sweep: nothing more today
+
+
+# -- validating a plan ------------------------------------------------------------------
+
+NOTES = [
+    note(1, NoteState.ACTIVE, 1, 1),
+    note(2, NoteState.ACTIVE, 1, 1),
+    note(3, NoteState.ACTIVE, 1, 1),
+    note(4, NoteState.STALE, 50, 10),
+    note(5, NoteState.ARCHIVED, 90, 90),
+]
+
+
+def umbrellas(*specs: tuple[str, tuple[int, ...]]) -> Plan:
+    return Plan(umbrellas=tuple(Umbrella(t, "summary", ids) for t, ids in specs))
+
+
+def test_a_plan_over_distinct_active_notes_is_valid() -> None:
+    assert validate_plan(umbrellas(("A", (1, 2))), NOTES) == []
+    assert validate_plan(Plan(), NOTES) == []  # nothing to merge is a valid plan
+
+
+@pytest.mark.parametrize(
+    ("plan", "problems"),
+    [
+        (umbrellas(("A", (1, 99))), ["umbrella 1: note #99 does not exist"]),
+        (umbrellas(("A", (1, 4))), ["umbrella 1: note #4 is stale, not active"]),
+        (umbrellas(("A", (1, 5))), ["umbrella 1: note #5 is archived, not active"]),
+        (umbrellas(("A", (1, 2)), ("B", (2, 3))), ["note #2 is in umbrellas 1 and 2"]),
+        (umbrellas(("A", (1,))), ["umbrella 1 merges fewer than two notes"]),
+        (
+            umbrellas(("A", (1, 1))),
+            ["umbrella 1 merges fewer than two notes", "umbrella 1 names note #1 twice"],
+        ),
+        (umbrellas(("", (1, 2))), ["umbrella 1: the title must not be empty"]),
+        (umbrellas((" ", (1, 2))), ["umbrella 1: the title must not be empty"]),
+        (umbrellas(("a\nb", (1, 2))), ["umbrella 1: the title must be one line"]),
+        (Plan(defect="the reply was cut short"), ["the reply was cut short"]),
+    ],
+)
+def test_an_invalid_plan_says_why(plan: Plan, problems: list[str]) -> None:
+    assert validate_plan(plan, NOTES) == problems
+
+
+@pytest.mark.parametrize(
+    ("text", "defect"),
+    [
+        ("{", "not JSON"),
+        ("[]", 'an array "umbrellas"'),
+        ('{"umbrellas": {}}', 'an array "umbrellas"'),
+        ('{"umbrellas": [1]}', "umbrella 1 is not an object"),
+        ('{"umbrellas": [{"note_ids": [1, 2]}]}', '"title" must be a string'),
+        ('{"umbrellas": [{"title": "t", "summary": 3, "note_ids": []}]}', '"summary" must be'),
+        ('{"umbrellas": [{"title": "t", "note_ids": [1, "2"]}]}', "array of integers"),
+        ('{"umbrellas": [{"title": "t", "note_ids": [true, 2]}]}', "array of integers"),
+    ],
+)
+def test_a_reply_that_is_not_a_plan_has_a_defect(text: str, defect: str) -> None:
+    plan = parse_plan(text)
+    assert plan.defect is not None
+    assert defect in plan.defect
+    assert plan.umbrellas == ()
+
+
+# -- asking the model -------------------------------------------------------------------
+
+
+def test_make_plan_asks_with_a_json_schema_and_max_tokens_and_reads_the_plan(
+    sim: Provider, client: ChatClient, store: NoteStore
+) -> None:
+    ids = seed(store, NOW)
+    candidates = [n for n in store.notes() if n.id in (ids.lyon, ids.train, ids.paris)]
+    reply = lyon_plan(ids)
+    sim.reply = lambda body: reply
+    tokens: list[str] = []
+    plan = in_host(make_plan, client, candidates, on_token=tokens.append)
+
+    assert plan.defect is None
+    assert plan.umbrellas == (Umbrella("Lyon", "The train trip to Lyon.", (ids.lyon, ids.train)),)
+    assert "".join(tokens) == reply["content"] == plan.text
+    assert (plan.usage.requests, plan.usage.completion_tokens) == (1, token_count(reply))
+
+    (body,) = sim.bodies
+    assert body["max_tokens"] == PLAN_MAX_TOKENS
+    assert body["temperature"] == 0
+    assert body["response_format"]["type"] == "json_schema"
+    schema = body["response_format"]["json_schema"]["schema"]
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.validate(json.loads(reply["content"]), schema)
+    ids_allowed = schema["properties"]["umbrellas"]["items"]["properties"]["note_ids"]["items"]
+    assert ids_allowed["enum"] == sorted([ids.lyon, ids.train, ids.paris])
+    with pytest.raises(jsonschema.ValidationError):  # the grammar allows no other note
+        jsonschema.validate(
+            {"umbrellas": [{"title": "t", "summary": "", "note_ids": [1, 2]}]}, schema
+        )
+
+
+def test_a_reply_cut_at_max_tokens_is_no_plan_even_when_it_parses(
+    sim: Provider, client: ChatClient, store: NoteStore
+) -> None:
+    # The tiny local model pads valid JSON until max_tokens (DESIGN fact 9):
+    # a reply that ends exactly at the limit is reported "length" and refused.
+    ids = seed(store, NOW)
+    reply = lyon_plan(ids)
+    sim.reply = lambda body: reply
+    plan = in_host(make_plan, client, store.notes(), max_tokens=token_count(reply))
+    assert json.loads(plan.text)  # it parses ...
+    assert plan.defect == f"the model's reply was cut short at max_tokens ({token_count(reply)})"
+    assert validate_plan(plan, store.notes()) == [plan.defect]
+    assert plan.umbrellas == ()
+
+
+def test_a_provider_failure_is_no_plan(store: NoteStore) -> None:
+    seed(store, NOW)
+    with ChatClient("http://127.0.0.1:9/v1", max_retries=0) as dead:
+        plan = in_host(make_plan, dead, store.notes())
+    assert plan.defect is not None
+    assert plan.defect.startswith("the provider failed: cannot connect")
+
+
+# -- applying a plan --------------------------------------------------------------------
+
+
+def test_apply_plan_writes_the_sweep_and_the_umbrellas(store: NoteStore) -> None:
+    ids = seed(store, NOW)
+    snapshot = store.notes()
+    swept = plan_sweep(snapshot, now=NOW)
+    plan = parse_plan(lyon_plan(ids)["content"])
+    (umbrella,) = apply_plan(store, plan, snapshot, sweep=swept, now=NOW)
+
+    assert (umbrella.title, umbrella.body, umbrella.state) == (
+        "Lyon",
+        "The train trip to Lyon.",
+        NoteState.ACTIVE,
+    )
+    assert [n.id for n in store.merged_into(umbrella.id)] == [ids.lyon, ids.train]
+    after = {n.id: n for n in store.notes()}
+    for merged in (ids.lyon, ids.train):
+        assert (after[merged].state, after[merged].umbrella_id) == (NoteState.ARCHIVED, umbrella.id)
+        assert after[merged].title == next(n.title for n in snapshot if n.id == merged)
+    assert after[ids.old].state is NoteState.STALE
+    assert after[ids.ancient].state is NoteState.ARCHIVED
+    assert after[ids.paris] == next(n for n in snapshot if n.id == ids.paris)
+
+
+@pytest.mark.parametrize("changed", ["merged note used", "merged note gone", "swept note used"])
+def test_apply_plan_writes_nothing_when_a_note_changed_since_it_was_read(
+    store: NoteStore, changed: str
+) -> None:
+    ids = seed(store, NOW)
+    snapshot = store.notes()
+    swept = plan_sweep(snapshot, now=NOW)
+    plan = parse_plan(lyon_plan(ids)["content"])
+    if changed == "merged note used":
+        store.touch(ids.train, now=NOW + 1)
+        culprit = ids.train
+    elif changed == "merged note gone":
+        # Another writer merged it meanwhile: it is archived now.
+        other = parse_plan(plan_reply(("Other", "", [ids.lyon, ids.paris]))["content"])
+        apply_plan(store, other, snapshot, now=NOW)
+        culprit = ids.lyon
+    else:
+        store.touch(ids.old, now=NOW + 1)  # used again: no longer "unused for long"
+        culprit = ids.old
+    before = store.dump()
+    with pytest.raises(ConflictError) as caught:
+        apply_plan(store, plan, snapshot, sweep=swept, now=NOW)
+    assert culprit in caught.value.note_ids
+    assert f"#{culprit}" in str(caught.value)
+    assert store.dump() == before
+
+
+def test_apply_plan_refuses_an_invalid_plan_and_writes_nothing(store: NoteStore) -> None:
+    ids = seed(store, NOW)
+    before = store.dump()
+    bad = umbrellas(("Old ones", (ids.lyon, ids.old)))
+    swept = plan_sweep(store.notes(), now=NOW)  # the sweep makes ``old`` stale
+    with pytest.raises(PlanError, match=f"note #{ids.old} is stale, not active"):
+        apply_plan(store, bad, store.notes(), sweep=swept, now=NOW)
+    assert store.dump() == before
+
+
+# -- a whole run ------------------------------------------------------------------------
+
+
+def test_consolidation_end_to_end(sim: Provider, client: ChatClient, store: NoteStore) -> None:
+    ids = seed(store, NOW)
+    sim.reply = lambda body: lyon_plan(ids)
+    questions: list[str] = []
+    usage: list[Usage] = []
+
+    def confirm(question: str) -> bool:
+        questions.append(question)
+        return True
+
+    run = in_host(
+        curate,
+        store,
+        client=client,
+        consolidate=True,
+        confirm=confirm,
+        now=NOW,
+        on_usage=usage.append,
+    )
+    assert run.outcome is CuratorOutcome.APPLIED
+    (question,) = questions
+    assert f"mark stale (unused for long): #{ids.old} 'Old recipe'" in question
+    assert f"archive (stale for long): #{ids.ancient} 'Ancient'" in question
+    assert (
+        f"merge #{ids.lyon} 'Lyon trip', #{ids.train} 'Train to Lyon' into a new note 'Lyon'"
+        in question
+    )
+    (umbrella,) = run.umbrellas
+    assert [n.id for n in store.merged_into(umbrella.id)] == [ids.lyon, ids.train]
+    assert store.counts() == {NoteState.ACTIVE: 2, NoteState.STALE: 1, NoteState.ARCHIVED: 3}
+    # The model saw only the notes still active after the sweep.
+    (body,) = sim.bodies
+    prompt = body["messages"][-1]["content"]
+    assert "Lyon trip" in prompt
+    assert "Old recipe" not in prompt
+    assert [u.requests for u in usage] == [1]
+
+
+@pytest.mark.parametrize("how", ["dry_run", "declined"])
+def test_a_dry_run_or_a_declined_run_writes_nothing(
+    sim: Provider, client: ChatClient, store: NoteStore, how: str
+) -> None:
+    ids = seed(store, NOW)
+    sim.reply = lambda body: lyon_plan(ids)
+    before = store.dump()
+    run = in_host(
+        curate,
+        store,
+        client=client,
+        consolidate=True,
+        dry_run=how == "dry_run",
+        confirm=lambda question: False,
+        now=NOW,
+    )
+    assert run.outcome is (CuratorOutcome.DRY_RUN if how == "dry_run" else CuratorOutcome.DECLINED)
+    assert run.plan is not None
+    assert len(run.plan.umbrellas) == 1
+    assert store.dump() == before
+
+
+def test_an_invalid_plan_changes_nothing_and_says_why(
+    sim: Provider, client: ChatClient, store: NoteStore
+) -> None:
+    ids = seed(store, NOW)
+    sim.reply = lambda body: plan_reply(("Bad", "", [ids.lyon, 999]), ("Worse", "", [ids.lyon]))
+    before = store.dump()
+    run = in_host(curate, store, client=client, consolidate=True, now=NOW)
+    assert run.outcome is CuratorOutcome.INVALID_PLAN
+    assert run.problems == [
+        "umbrella 1: note #999 does not exist",
+        "umbrella 2 merges fewer than two notes",
+        f"note #{ids.lyon} is in umbrellas 1 and 2",
+    ]
+    assert store.dump() == before  # not even the sweep
+
+
+def test_a_note_used_while_the_model_works_makes_the_run_write_nothing(
+    sim: Provider, client: ChatClient, store: NoteStore
+) -> None:
+    ids = seed(store, NOW)
+    sim.reply = lambda body: lyon_plan(ids)
+    used = threading.Event()
+
+    def on_token(text: str) -> None:
+        if not used.is_set():  # someone reads the Lyon note while the model writes
+            used.set()
+            store.touch(ids.lyon, now=NOW + 5)
+
+    with pytest.raises(ConflictError):
+        in_host(curate, store, client=client, consolidate=True, now=NOW, on_token=on_token)
+    assert used.is_set()
+    note_now = store.get(ids.lyon)
+    assert note_now is not None
+    assert (note_now.state, note_now.last_used_at) == (NoteState.ACTIVE, NOW + 5)
+    assert store.counts()[NoteState.STALE] == 1  # the sweep was not written either
+    assert store.get(ids.old) is not None
+    assert store.get(ids.old).state is NoteState.ACTIVE  # type: ignore[union-attr]
+
+
+def test_only_the_most_recently_used_notes_go_into_the_prompt(
+    sim: Provider, client: ChatClient, store: NoteStore
+) -> None:
+    ids = seed(store, NOW)  # active after the sweep: lyon (1 day), train (2 days), paris (1 day)
+    sim.reply = lambda body: plan_reply()
+    run = in_host(
+        curate, store, client=client, consolidate=True, dry_run=True, now=NOW, max_notes=2
+    )
+    assert run.outcome is CuratorOutcome.DRY_RUN  # the sweep; an empty plan
+    (body,) = sim.bodies
+    prompt = body["messages"][-1]["content"]
+    assert "Lyon trip" in prompt
+    assert "Paris" in prompt
+    assert "Train to Lyon" not in prompt
+    schema = body["response_format"]["json_schema"]["schema"]
+    items = schema["properties"]["umbrellas"]["items"]["properties"]["note_ids"]["items"]
+    assert items["enum"] == [ids.lyon, ids.paris]
+
+
+def test_fewer_than_two_active_notes_are_not_sent_to_the_model(
+    sim: Provider, client: ChatClient, store: NoteStore
+) -> None:
+    store.add("Alone", "one note", now=NOW)
+    run = in_host(curate, store, client=client, consolidate=True, now=NOW)
+    assert run.outcome is CuratorOutcome.NOTHING_TO_DO
+    assert run.skipped == "consolidation needs at least two active notes; there are 1"
+    assert sim.bodies == []
+
+
+# -- a cut at any moment leaves the store as it was -------------------------------------
+
+Cut = tuple[str, float]
+#: The simulator events of an uncut run: received, slot, first token, the
+#: tokens, finished, slot freed. A cut at event n <= this always happens.
+RUN_EVENTS = 4 + 12 + 1
+CUTS: st.SearchStrategy[Cut] = st.one_of(
+    st.tuples(st.just("event"), st.integers(1, RUN_EVENTS).map(float)),  # at the n-th event
+    st.tuples(st.just("timer"), st.floats(0.0, 0.12)),  # n seconds after the start
+    st.just(("confirm", 0.0)),  # while asking for confirmation
+    st.just(("none", 0.0)),
+)
+
+
+@pytest.fixture(scope="module")
+def applied(provider: Provider) -> str:
+    """The dump of the seeded store after an uncut run at ``NOW``."""
+    with tempfile.TemporaryDirectory() as folder, ChatClient(provider.server.base_url) as client:
+        store = NoteStore.in_data_dir(folder)
+        ids = seed(store, NOW)
+        provider.reply = lambda body: lyon_plan(ids)
+        run = in_host(curate, store, client=client, consolidate=True, now=NOW)
+        assert run.outcome is CuratorOutcome.APPLIED
+        return store.dump()
+
+
+def test_a_cut_at_any_moment_leaves_the_store_exactly_as_it_was(
+    provider: Provider, applied: str
+) -> None:
+    outcomes: list[tuple[str, bool]] = []
+    pool = ThreadPoolExecutor(2)
+
+    @settings(max_examples=60, deadline=None, database=None)
+    @given(cut=CUTS)
+    @example(cut=("event", 1.0))
+    @example(cut=("event", 8.0))
+    @example(cut=("confirm", 0.0))
+    @example(cut=("none", 0.0))
+    def one_run(cut: Cut) -> None:
+        kind, at = cut
+        provider.wait_all_ended()
+        since = provider.server.events()[-1].seq + 1 if provider.server.events() else 0
+        with (
+            tempfile.TemporaryDirectory() as folder,
+            ChatClient(provider.server.base_url) as client,
+        ):
+            store = NoteStore.in_data_dir(folder)
+            ids = seed(store, NOW)
+            provider.reply = lambda body: lyon_plan(ids)
+            before = store.dump()
+            scope = InterruptScope("command", timeout=at if kind == "timer" else None)
+
+            def confirm(question: str) -> bool:
+                if kind == "confirm":
+                    scope.cancel("user")
+                ws.check()  # the console's confirm ends with Interrupted on a cancel
+                return True
+
+            cutter: Future[None] | None = None
+            if kind == "event":
+                nth = int(at)
+
+                def cut_at_event() -> None:
+                    seen = 0
+
+                    def count(event: Any) -> bool:
+                        nonlocal seen
+                        seen += 1
+                        return seen >= nth
+
+                    provider.server.wait_for(count, timeout=BOUND, since=since)
+                    scope.cancel("user")
+
+                cutter = pool.submit(cut_at_event)
+            work = pool.submit(
+                scope.run, curate, store, client=client, consolidate=True, confirm=confirm, now=NOW
+            )
+            try:
+                run = work.result(BOUND)
+            except Interrupted:
+                assert store.dump() == before
+                outcomes.append((kind, True))
+            else:
+                assert run.outcome is CuratorOutcome.APPLIED
+                assert store.dump() == applied
+                outcomes.append((kind, False))
+            assert scope.wait_quiescent(BOUND), scope.live()
+            if cutter is not None:
+                cutter.result(BOUND)
+
+    try:
+        one_run()
+    finally:
+        pool.shutdown(wait=True)
+    # Not vacuous: some runs were cut, some were not, and cuts came at each kind of moment.
+    assert {was_cut for _, was_cut in outcomes} == {True, False}
+    assert {kind for kind, was_cut in outcomes if was_cut} >= {"event", "confirm"}
+
+
+# -- the console commands ---------------------------------------------------------------
+
+
+class Console:
+    """Runs ``curator ...`` the way the runner does, with a hand-built ``CommandContext``."""
+
+    def __init__(self, store: NoteStore, client: ChatClient, *, answer: bool | None = True):
+        self.store = store
+        self.client = client
+        self.answer = answer  # None: the confirmation waits until cancelled
+        self.scope = InterruptScope("command")
+        self.frames: list[tuple[str, str]] = []
+        self.changed = threading.Condition()  # notified on each output frame
+        self.questions: list[str] = []
+        self.usage: list[Usage] = []
+        self.asked = threading.Event()
+
+    def confirm(self, message: str) -> bool:
+        self.questions.append(message)
+        self.asked.set()
+        if self.answer is None:
+            self.scope.wait(threading.Event())  # the client never answers
+        return bool(self.answer)
+
+    def output(self, stream: str, data: str) -> None:
+        with self.changed:
+            self.frames.append((stream, data))
+            self.changed.notify_all()
+
+    def wait_tokens(self, n: int) -> bool:
+        """Wait until ``n`` token frames reached the output."""
+        with self.changed:
+            return self.changed.wait_for(
+                lambda: sum(s == "token" for s, _ in self.frames) >= n, BOUND
+            )
+
+    def start(self, fn: Callable[[CommandContext, list[str]], None], *args: str) -> Future[None]:
+        ctx = CommandContext(
+            id="c1",
+            line=" ".join(args),
+            scope=self.scope,
+            session=Session(),
+            services=Services(store=self.store, chat_client=lambda: self.client, model="sim"),
+            output=self.output,
+            confirm=self.confirm,
+            add_usage=self.usage.append,
+        )
+        self.pool = ThreadPoolExecutor(1)
+        future = self.pool.submit(self.scope.run, fn, ctx, list(args))
+        self.pool.shutdown(wait=False)
+        return future
+
+    def run(self, fn: Callable[[CommandContext, list[str]], None], *args: str) -> str:
+        self.start(fn, *args).result(BOUND)
+        return self.text()
+
+    def text(self, stream: str = "stdout") -> str:
+        return "".join(data for s, data in self.frames if s == stream)
+
+
+def test_curator_status_counts_each_state(store: NoteStore, client: ChatClient) -> None:
+    seed(store, NOW)
+    assert Console(store, client).run(curator_status) == "active: 4\nstale: 1\narchived: 0\n"
+
+
+def test_curator_run_asks_first_and_a_no_changes_nothing(
+    sim: Provider, store: NoteStore, client: ChatClient
+) -> None:
+    ids = seed(store, time.time())
+    before = store.dump()
+    console = Console(store, client, answer=False)
+    out = console.run(curator_run)
+    (question,) = console.questions
+    assert f"#{ids.old} 'Old recipe'" in question
+    assert f"#{ids.ancient} 'Ancient'" in question
+    assert out == "not confirmed; nothing was changed\n"
+    assert store.dump() == before
+
+
+def test_curator_run_with_yes_writes_without_asking(
+    sim: Provider, store: NoteStore, client: ChatClient
+) -> None:
+    ids = seed(store, time.time())
+    sim.reply = lambda body: lyon_plan(ids)
+    console = Console(store, client, answer=False)
+    out = console.run(curator_run, "--consolidate", "--yes")
+    assert console.questions == []
+    assert out.splitlines()[0] == "asking the model for a plan over 3 active notes"
+    assert "done:" in out
+    assert "new umbrella notes: #6" in out
+    assert console.text("token") == lyon_plan(ids)["content"] + "\n"
+    assert store.counts() == {NoteState.ACTIVE: 2, NoteState.STALE: 1, NoteState.ARCHIVED: 3}
+    (usage,) = console.usage
+    assert (usage.requests, usage.completion_tokens) == (1, token_count(lyon_plan(ids)))
+    (body,) = sim.bodies
+    assert body["model"] == "sim"
+    assert body["max_tokens"] == max(PLAN_MAX_TOKENS, Services(store, lambda: client).max_tokens)
+
+
+def test_curator_run_dry_run_prints_the_plan_and_writes_nothing(
+    sim: Provider, store: NoteStore, client: ChatClient
+) -> None:
+    ids = seed(store, time.time())
+    sim.reply = lambda body: lyon_plan(ids)
+    before = store.dump()
+    console = Console(store, client)
+    out = console.run(curator_run, "--consolidate", "--dry-run")
+    assert console.questions == []
+    assert "dry run, nothing was changed" in out
+    assert "umbrella 1 'Lyon': The train trip to Lyon." in out
+    assert store.dump() == before
+
+
+def test_curator_run_with_an_invalid_plan_fails_says_why_and_writes_nothing(
+    sim: Provider, store: NoteStore, client: ChatClient
+) -> None:
+    ids = seed(store, time.time())
+    sim.reply = lambda body: plan_reply(("Stale one", "", [ids.lyon, ids.old]))
+    before = store.dump()
+    console = Console(store, client)
+    with pytest.raises(CommandError, match=f"note #{ids.old} is stale, not active"):
+        console.run(curator_run, "--consolidate", "--yes")
+    assert f"  umbrella 1: note #{ids.old} is stale, not active\n" in console.text()
+    assert len(console.usage) == 1  # the model's work is counted all the same
+    assert store.dump() == before
+
+
+def test_curator_run_consolidate_with_one_active_note_says_so(
+    sim: Provider, store: NoteStore, client: ChatClient
+) -> None:
+    store.add("Alone", "one note")
+    out = Console(store, client).run(curator_run, "--consolidate", "--yes")
+    assert out == (
+        "consolidation needs at least two active notes; there are 1\nnothing to change\n"
+    )
+    assert sim.bodies == []
+
+
+def test_a_cancel_while_the_model_writes_cuts_it_counts_its_usage_and_writes_nothing(
+    sim: Provider, store: NoteStore, client: ChatClient
+) -> None:
+    seed(store, time.time())
+    sim.reply = lambda body: {"content": "word " * 5000}  # cut at max_tokens, 1.3 s at 400/s
+    before = store.dump()
+    console = Console(store, client)
+    future = console.start(curator_run, "--consolidate", "--yes")
+    assert console.wait_tokens(3)  # three tokens reached the user: the model is mid-reply
+    console.scope.cancel("user")
+    with pytest.raises(Interrupted):
+        future.result(BOUND)
+    (summary,) = sim.server.requests()
+    sim.server.wait_for_event("peer_closed", summary.id, timeout=BOUND)
+    (usage,) = console.usage
+    assert usage.requests == 1
+    assert usage.completion_tokens >= 3
+    assert console.scope.wait_quiescent(BOUND), console.scope.live()
+    assert store.dump() == before
+
+
+def test_a_cancel_while_waiting_for_confirmation_writes_nothing(
+    sim: Provider, store: NoteStore, client: ChatClient
+) -> None:
+    seed(store, time.time())
+    before = store.dump()
+    console = Console(store, client, answer=None)
+    future = console.start(curator_run)
+    assert console.asked.wait(BOUND)
+    console.scope.cancel("user")
+    with pytest.raises(Interrupted):
+        future.result(BOUND)
+    assert store.dump() == before
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--force"], "unknown option '--force'"),
+        (["--stale-days"], "--stale-days needs a number of days"),
+        (["--stale-days", "0"], "--stale-days must be a number of days in (0, 36500]"),
+        (["--archive-days", "nan"], "--archive-days must be a number of days"),
+        (["--archive-days", "1e400"], "--archive-days must be a number of days"),
+    ],
+)
+def test_curator_run_refuses_bad_options_with_its_usage(
+    store: NoteStore, client: ChatClient, args: list[str], words: str
+) -> None:
+    with pytest.raises(UsageError) as caught:
+        Console(store, client).run(curator_run, *args)
+    assert words in str(caught.value)
+    assert "; usage: curator run [--consolidate] [--dry-run] [--yes]" in str(caught.value)
+
+
+def test_curator_run_thresholds_are_options(
+    sim: Provider, store: NoteStore, client: ChatClient
+) -> None:
+    ids = seed(store, time.time())
+    Console(store, client).run(curator_run, "--yes", "--stale-days", "0.5")
+    assert {n.id for n in store.notes(NoteState.STALE)} == {ids.lyon, ids.train, ids.paris, ids.old}
+
+
+# -- the real tiny model ------------------------------------------------------------------
+
+
+@pytest.mark.local
+@pytest.mark.skipif(not is_available(), reason="the extra `local` is not installed")
+def test_the_real_local_model_answers_with_json_of_the_plan_shape(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    # llama.cpp accepts the response_format and turns its schema into a
+    # grammar: the tiny base model's reply is JSON of the plan's shape, or a
+    # prefix of it cut at max_tokens (then refused), never free text.
+    cache = getattr(request.config, "cache", None)
+    data_dir = (
+        Path(cache.mkdir("wirecut-local-data"))  # the model assembled once, as in test_local
+        if cache is not None
+        else tmp_path_factory.mktemp("wirecut-local-data")
+    )
+    store = NoteStore.in_data_dir(tmp_path)
+    for title, body in [
+        ("Lyon trip", "Train to Lyon at 9:12 on Friday"),
+        ("Train to Lyon", "Seat 42, coach 7"),
+        ("Bread recipe", "Flour, water, salt, yeast"),
+        ("Pizza dough", "Flour, water, yeast, olive oil"),
+    ]:
+        store.add(title, body)
+    scope = InterruptScope("command")
+    with LocalServer(data_dir, n_parallel=1, ctx_size=2048) as local:
+        with ChatClient(local.base_url) as client, ThreadPoolExecutor(1) as pool:
+            work = pool.submit(scope.run, make_plan, client, store.notes(), max_tokens=80)
+            # ~40 tokens/s on an idle machine; a loaded one decodes far slower.
+            plan = work.result(LOCAL_BOUND)
+    assert plan.usage.requests == 1
+    if plan.defect is not None:
+        assert plan.defect == "the model's reply was cut short at max_tokens (80)"
+    else:
+        assert plan.umbrellas, plan.text  # it found the two Lyon notes
+        known = {n.id for n in store.notes()}
+        assert all(set(u.note_ids) <= known for u in plan.umbrellas)
