@@ -10,8 +10,13 @@ import pytest
 
 PACKAGES = [
     "wirecut.agent",
+    "wirecut.console.commands",
+    "wirecut.console.runner",
+    "wirecut.console.server",
+    "wirecut.console.terminal",
     "wirecut.http",
     "wirecut.local",
+    "wirecut.memory",
     "wirecut.provider",
     "wirecut.scope",
     "wirecut.simulator",
