@@ -8,7 +8,6 @@ came after the cancel, and the ``complete`` frame carries what was true.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -26,7 +25,9 @@ from websockets.sync.client import connect
 from _console import Console, ConsoleClient, running_console
 from wirecut.console.commands import CommandContext, command
 from wirecut.console.runner import route_stdio
+from wirecut.memory import NoteStore
 from wirecut.scope import Interrupted
+from wirecut.scope._process import group_members
 from wirecut.simulator import SimConfig, SimulatorServer
 
 # -- commands that only these tests use ------------------------------------------------
@@ -132,6 +133,8 @@ def test_cancel_of_a_streaming_chat_reaches_the_provider(
     complete = client.complete(id)
 
     assert_clean_cut(complete, "user")
+    steps = [step["event"] for step in complete["lifecycle"]["timeline"]]
+    assert steps.index("sockets_shut") < steps.index("worker_exited")
     assert complete["usage"]["completion_tokens"] >= 1
     assert complete["usage"]["requests"] == 1
     # The provider saw the close (the simulator's own event loop may log it a
@@ -338,6 +341,68 @@ def test_chat_keeps_the_connections_history(tmp_path: Path) -> None:
     ]
 
 
+def _seed_notes(client: ConsoleClient) -> None:
+    for title, body in [("Lyon trip", "train at 9"), ("Lyon hotel", "near the station")]:
+        assert client.complete(client.run(f"memory add '{title}' -- '{body}'"))["status"] == "ok"
+
+
+def test_a_cut_curator_consolidation_leaves_the_store_as_it_was(
+    console: Console, client: ConsoleClient
+) -> None:
+    _seed_notes(client)
+    store = NoteStore.in_data_dir(console.data_dir)
+    before = store.dump()
+    since = console.sim.simulator.event_log.next_seq
+    id = client.run("curator run --consolidate --yes")
+    # The model is writing its plan (the simulator decodes without end).
+    client.wait_for(lambda f: f["type"] == "output" and f["id"] == id and f["stream"] == "token")
+    requests_before = sim_requests(console)
+    client.cancel(id)
+    complete = client.complete(id)
+
+    assert_clean_cut(complete, "user")
+    console.sim.wait_for_event("peer_closed", since=since)
+    assert store.dump() == before
+    client.complete(client.run("sleep 0"))
+    assert sim_requests(console) == requests_before
+
+
+def test_an_invalid_plan_through_the_console_changes_nothing(tmp_path: Path) -> None:
+    def responder(body: dict[str, Any]) -> dict[str, Any]:
+        # Note 99 does not exist: the plan must be refused before any write.
+        plan = {"umbrellas": [{"title": "Lyon", "summary": "s", "note_ids": [1, 99]}]}
+        return {"content": json.dumps(plan)}
+
+    with running_console(tmp_path, responder=responder) as running, running.client() as c:
+        _seed_notes(c)
+        store = NoteStore.in_data_dir(running.data_dir)
+        before = store.dump()
+        complete = c.complete(c.run("curator run --consolidate --yes"))
+        assert complete["status"] == "error"
+        assert store.dump() == before
+        assert "99" in c.output(complete["id"]) + (complete["error"] or "")
+
+
+def test_curator_run_writes_only_after_the_confirmation(tmp_path: Path) -> None:
+    def responder(body: dict[str, Any]) -> dict[str, Any]:
+        plan = {"umbrellas": [{"title": "Lyon", "summary": "the trip", "note_ids": [1, 2]}]}
+        return {"content": json.dumps(plan)}
+
+    with running_console(tmp_path, responder=responder) as running, running.client() as c:
+        _seed_notes(c)
+        store = NoteStore.in_data_dir(running.data_dir)
+        before = store.dump()
+        id = c.run("curator run --consolidate")
+        asked = c.wait_for(lambda f: f["type"] == "confirm_required" and f["id"] == id)
+        assert "Lyon" in asked["message"]
+        assert store.dump() == before
+        c.send({"type": "confirm", "id": id})
+        assert c.complete(id)["status"] == "ok"
+        umbrellas = [n for n in store.notes() if n.title == "Lyon"]
+        assert len(umbrellas) == 1
+        assert sorted(n.id for n in store.merged_into(umbrellas[0].id)) == [1, 2]
+
+
 # -- the protocol's bad frames -----------------------------------------------------------
 
 
@@ -517,7 +582,7 @@ def test_sigterm_completes_every_command_with_shutdown_and_exits_0(tmp_path: Pat
         assert_clean_cut(complete, "shutdown")
     assert not (tmp_path / "serve.json").exists()
     # Nothing of its process group is left.
-    assert _group_members(proc.pid) == []
+    assert group_members(proc.pid) == []
 
 
 def test_no_token_is_refused_off_loopback(tmp_path: Path) -> None:
@@ -538,17 +603,3 @@ def test_an_unwritable_data_dir_is_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "cannot be used" in proc.stderr
     assert "Traceback" not in proc.stderr
-
-
-def _group_members(pgid: int) -> list[int]:
-    members = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                stat = Path(f"/proc/{name}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2 :].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                members.append(int(name))
-    return members

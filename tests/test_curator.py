@@ -308,7 +308,7 @@ def test_make_plan_asks_with_a_json_schema_and_max_tokens_and_reads_the_plan(
 def test_a_reply_cut_at_max_tokens_is_no_plan_even_when_it_parses(
     sim: Provider, client: ChatClient, store: NoteStore
 ) -> None:
-    # The tiny local model pads valid JSON until max_tokens (DESIGN fact 9):
+    # The tiny local model pads valid JSON until max_tokens (docs/architecture.md, fact 9):
     # a reply that ends exactly at the limit is reported "length" and refused.
     ids = seed(store, NOW)
     reply = lyon_plan(ids)

@@ -44,6 +44,7 @@ from wirecut.local import (
 )
 from wirecut.provider import ChatClient, ChatResult
 from wirecut.scope import InterruptScope
+from wirecut.scope._process import proc_stat, proc_stats
 
 pytestmark = pytest.mark.local
 
@@ -60,26 +61,13 @@ RELEASE_BOUND_S = 10.0
 
 
 def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs; a zombie counts as dead (DESIGN.md fact 8)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    """Whether ``pid`` runs; a zombie counts as dead (docs/architecture.md, fact 8)."""
+    stat = proc_stat(pid)
+    return stat is not None and stat.alive
 
 
 def _children_of(pid: int) -> list[int]:
-    children = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if int(fields[1]) == pid:
-            children.append(int(entry.name))
-    return children
+    return [stat.pid for stat in proc_stats() if stat.ppid == pid]
 
 
 def _get(url: str) -> tuple[int, bytes]:
@@ -134,8 +122,8 @@ class ChatCall:
     """One chat completion in flight through ``wirecut.provider`` under its own scope.
 
     The request runs on a thread owned by the scope; ``cut()`` is
-    ``scope.cancel()``, which shuts the request's socket down (DESIGN.md
-    fact 1) while the worker keeps and closes it.
+    ``scope.cancel()``, which shuts the request's socket down
+    (docs/architecture.md, fact 1) while the worker keeps and closes it.
     """
 
     def __init__(self, base_url: str, *, stream: bool) -> None:

@@ -63,10 +63,12 @@ def data_dir_option(fn: F) -> F:
         try:
             checked = ensure_data_dir(default_data_dir() if data_dir is None else data_dir)
         except DataDirError as exc:
+            # One line, not click's usage block: the usage was fine, the folder is not.
             if from_flag:
-                raise click.BadParameter(str(exc), param_hint="'--data-dir'") from None
+                click.echo(f"Error: --data-dir: {exc}", err=True)
+                sys.exit(2)
             source = f"${DATA_DIR_ENV}" if os.environ.get(DATA_DIR_ENV, "").strip() else "default"
-            click.echo(f"wirecut: {exc} (from the {source})", err=True)
+            click.echo(f"Error: {exc} (from the {source})", err=True)
             sys.exit(1)
         return fn(*args, data_dir=checked, **kwargs)
 

@@ -25,7 +25,7 @@ __all__ = ["MODEL_NAME", "MODEL_NOTE", "ensure_model", "is_available", "model_pa
 #: The name the server announces in ``/v1/models`` and that requests may send.
 MODEL_NAME = "gemma-3-270m-q4_k_m"
 
-#: For banners: what this model is good for (DESIGN.md fact 9).
+#: For banners: what this model is good for (docs/architecture.md, fact 9).
 MODEL_NOTE = (
     "note: Gemma-3-270M is a tiny *base* model that continues text rather than "
     "answering; it is here for trying wirecut's cancellation against a real "

@@ -8,7 +8,7 @@ built-in Gemma chat template.
 
 Who may call what: ``start()``, ``stop()`` and ``wait()`` from any thread;
 ``stop()`` is idempotent and also runs at interpreter exit. The child never
-outlives us: ``stop()`` kills its process group and reaps it (DESIGN.md fact
+outlives us: ``stop()`` kills its process group and reaps it (docs/architecture.md, fact
 8), and if this process dies without stopping it, the child notices the end
 of its stdin pipe (and, when started from the main thread on Linux, gets
 ``PR_SET_PDEATHSIG``) and exits.

@@ -9,7 +9,7 @@ somewhere else (a cluster worker) while the store stays with the host.
 The request carries ``response_format`` with a JSON schema (``plan_schema``):
 llama.cpp turns it into a grammar, so even a tiny base model answers with
 JSON of that shape, and only with note ids that exist. Such a model may pad
-the JSON with whitespace until ``max_tokens`` (DESIGN fact 9): the request
+the JSON with whitespace until ``max_tokens`` (docs/architecture.md, fact 9): the request
 always sets ``max_tokens``, and a reply cut short is never a plan.
 """
 

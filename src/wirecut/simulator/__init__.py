@@ -2,7 +2,7 @@
 
 A separate program that shares no code with wirecut's client side (it must not
 import ``wirecut.scope``, ``wirecut.http`` or ``wirecut.provider``): it is the
-other end of the wire that those are tested against. See PROTOCOL.md, "The
+other end of the wire that those are tested against. See docs/protocol.md, "The
 simulator", and ``wirecut provider``.
 
 In-process use (tests, benchmarks)::

@@ -15,7 +15,7 @@ __all__ = ["SimConfig"]
 
 @dataclass(frozen=True, slots=True)
 class SimConfig:
-    """How the simulated llama.cpp server behaves (PROTOCOL.md, "The simulator").
+    """How the simulated llama.cpp server behaves (docs/protocol.md, "The simulator").
 
     - ``slots``: requests decoded at once; the rest wait in a FIFO queue.
     - ``tokens_per_second``: decode rate of each slot.

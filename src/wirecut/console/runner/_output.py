@@ -5,7 +5,7 @@ by writers that look up the command owning the *bound scope* (walking up
 through child scopes: an agent turn, a ``scope.spawn()`` thread), and write to
 that command's output; code with no command scope writes to the real stream.
 The scope, not a ContextVar of our own, is the key because it is what already
-crosses into every thread a command starts (DESIGN fact 5), so ``print()`` in a
+crosses into every thread a command starts (docs/architecture.md, fact 5), so ``print()`` in a
 command's tool thread reaches that command and never another. No
 process-global ``redirect_stdout``: two commands print at once.
 

@@ -8,7 +8,7 @@ the count and starts a replacement, so that ``workers`` threads are always
 available to new commands; the retired thread exits when (if ever) its task
 returns. Everything else is the executor's contract: ``submit`` returns a
 ``concurrent.futures.Future`` whose ``cancel()`` is True only for work that
-never started (DESIGN fact 4), because a worker claims each future with
+never started (docs/architecture.md, fact 4), because a worker claims each future with
 ``set_running_or_notify_cancel()`` before running it.
 
 Safe to call from any thread.

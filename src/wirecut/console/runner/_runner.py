@@ -6,7 +6,7 @@ console server) calls ``submit``, ``cancel`` and ``confirm`` from its event
 loop and gets everything back through a ``CommandSink``, also on the loop:
 ``started``, ``output``, ``confirm_required`` and exactly one ``complete``.
 
-The unwind rule (DESIGN "The host"). On cancel, timeout, disconnect or
+The unwind rule (docs/architecture.md, "The host"). On cancel, timeout, disconnect or
 shutdown: ``scope.cancel(reason)``; if ``Future.cancel()`` is True the command
 never ran and completes at once with ``started: false``; otherwise the runner
 waits for the worker for at most ``unwind_timeout`` and only then decides the
