@@ -1,0 +1,454 @@
+"""The web page (``wirecut serve``'s ``/``) in a real browser against a real console.
+
+Playwright drives Debian's chromium (never a downloaded browser) against a
+real ``ConsoleServer`` over the simulator, on loopback. The page keeps its
+strict CSP (no ``bypass_csp``): what passes here is what a user's browser
+runs, and a CSP violation or an uncaught script error fails the test. Every
+wait is a bounded Playwright wait for a state of the page, never a sleep.
+
+The simulator answers ``chat`` with a short reply (60 tokens at 40 tokens/s,
+so it visibly streams and then ends), and a message containing "long" with a
+reply far longer than any test waits for, to be cancelled.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
+
+from _console import Console, running_console
+from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
+from wirecut.memory import NoteState, NoteStore
+from wirecut.simulator import SimConfig
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "screenshot.png"
+#: Milliseconds any one wait for the page may take (a shared, noisy machine).
+WAIT_MS = 15_000
+
+pytestmark = pytest.mark.skipif(
+    not Path(CHROMIUM).exists(),
+    reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)",
+)
+
+_ANSWER = (
+    "Stopping the printing is the easy part of a cancel. Underneath it a worker "
+    "thread is still blocked in a read, an HTTP connection is still open, and the "
+    "inference server at the other end keeps decoding into a slot that nobody reads. "
+    "A real cancel reaches all of them: the scope latches so that nothing new can "
+    "start, every socket it owns is shut down, which wakes the blocked read and tells "
+    "the provider that the client has gone, and the provider frees the slot at its "
+    "next token. Only then is the command reported cancelled. "
+)
+_SLOT_ANSWER = (
+    "llama.cpp serves a fixed number of slots, and a request holds one from its first "
+    "prompt token to its last generated one. It does not stop because a browser tab "
+    "stopped reading: it stops when the connection is closed and it notices, at its "
+    "next token. A host that abandons a request instead of closing it leaves the slot "
+    "decoding into nothing, and the next user waits in the queue behind a ghost. "
+    "wirecut closes the socket at the cancel, the server sees it within a token, and "
+    "the slot is free for the next request. "
+)
+#: About 5000 tokens each: longer than any test waits.
+LONG_REPLY = _ANSWER * 60
+SLOT_REPLY = _SLOT_ANSWER * 70
+
+
+def _responder(body: dict[str, Any]) -> Mapping[str, Any] | None:
+    """A long scripted reply for a chat that asks for "long"; the usual words otherwise."""
+    for message in reversed(body.get("messages") or []):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            if not isinstance(content, str) or "long" not in content:
+                return None
+            return {"content": SLOT_REPLY if "slot" in content else LONG_REPLY}
+    return None
+
+
+SIM = SimConfig(slots=4, tokens_per_second=40, prompt_ms=5, reply_tokens=60)
+
+
+# -- fixtures ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
+    with running_console(
+        tmp_path_factory.mktemp("web"), sim=SIM, responder=_responder, max_tokens=8000
+    ) as found:
+        yield found
+
+
+class PageProblems:
+    """What the page did wrong while a test ran: script errors and CSP violations."""
+
+    def __init__(self, page: Page) -> None:
+        self.problems: list[str] = []
+        page.on("pageerror", lambda error: self.problems.append(f"page error: {error}"))
+        page.on("console", self._console)
+
+    def _console(self, message: Any) -> None:
+        if "Content Security Policy" in message.text:
+            self.problems.append(f"CSP: {message.text}")
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    """A fresh browser context (its own storage) at a wide desktop size, dark."""
+    context = browser.new_context(viewport={"width": 1200, "height": 860}, color_scheme="dark")
+    context.set_default_timeout(WAIT_MS)
+    opened = context.new_page()
+    watch = PageProblems(opened)
+    try:
+        yield opened
+    finally:
+        context.close()
+    assert watch.problems == []
+
+
+def state_of(store: NoteStore, note_id: int) -> NoteState:
+    note = store.get(note_id)
+    assert note is not None
+    return note.state
+
+
+def open_console(page: Page, console: Console | ConsoleServer) -> None:
+    server = console.server if isinstance(console, Console) else console
+    page.goto(f"{server.url}?token={server.token}")
+    expect(page.locator("#conn")).to_have_attribute("data-state", "connected", timeout=WAIT_MS)
+
+
+def run(page: Page, line: str) -> Locator:
+    """Type ``line`` at the prompt, press Enter; the new command's block (a Locator)."""
+    before = page.locator("article.cmd").count()
+    prompt = page.locator("#prompt")
+    prompt.fill(line)
+    prompt.press("Enter")
+    block = page.locator("article.cmd").nth(before)
+    expect(block.locator(".cmd-text")).to_have_text(line, timeout=WAIT_MS)
+    return block
+
+
+def expect_state(block: Locator, state: str) -> None:
+    expect(block).to_have_attribute("data-state", state, timeout=WAIT_MS)
+
+
+def wait_tokens_while_running(page: Page, block: Locator, words: int) -> str:
+    """Wait until ``block`` shows at least ``words`` token words while still running.
+
+    One evaluation in the page reads both, so "the tokens were on screen
+    before the command ended" is checked at one instant.
+    """
+    block_id = block.get_attribute("data-id")
+    handle = page.wait_for_function(
+        """([id, words]) => {
+            const b = document.querySelector(`article.cmd[data-id="${id}"]`);
+            const text = b ? [...b.querySelectorAll(".out-token")]
+                .map((s) => s.textContent).join("") : "";
+            const ok = b && b.dataset.state === "running"
+                && text.trim().split(/\\s+/).length >= words;
+            return ok ? text : null;
+        }""",
+        arg=[block_id, words],
+        timeout=WAIT_MS,
+    )
+    return str(handle.json_value())
+
+
+# -- tests ---------------------------------------------------------------------------
+
+
+def test_token_moves_from_the_address_bar_to_session_storage(page: Page, console: Console) -> None:
+    open_console(page, console)
+    assert "token" not in page.url
+    assert page.evaluate("sessionStorage.getItem('wirecut.token')") == console.server.token
+    page.reload()  # no token in the URL now: the page uses the one it kept
+    expect(page.locator("#conn")).to_have_attribute("data-state", "connected", timeout=WAIT_MS)
+    expect_state(run(page, "jobs"), "ok")
+    # /api/health took the kept token as a Bearer header (a 401 reads "token refused").
+    expect(page.locator(".hitem[data-key=busy] b")).to_have_text(re.compile(r"^\d+/4$"))
+
+
+def test_chat_tokens_show_while_the_reply_is_still_running(page: Page, console: Console) -> None:
+    open_console(page, console)
+    block = run(page, "chat hello")
+    seen = wait_tokens_while_running(page, block, words=3)
+    expect_state(block, "ok")
+    final = "".join(block.locator(".out-token").all_text_contents())
+    assert final.startswith(seen)
+    assert len(final.split()) > len(seen.split())  # it kept streaming after we looked
+    expect(block.locator(".cmd-foot")).to_contain_text("tokens")
+
+
+def test_cancel_button_shows_the_facts_and_the_unwind_chart(page: Page, console: Console) -> None:
+    open_console(page, console)
+    block = run(page, "chat tell me the long story")
+    wait_tokens_while_running(page, block, words=5)
+    block.locator(".cmd-cancel").click()
+    expect_state(block, "cancelled")
+    facts = block.locator(".facts")
+    expect(facts).to_have_text(
+        re.compile(r"^cancelled in [\d.]+ m?s · worker exited · 0 requests open · \d+ tokens$")
+    )
+    tokens = int(re.findall(r"(\d+) tokens", facts.inner_text())[0])
+    assert tokens >= 5
+    expect(block.locator(".unwind")).to_be_visible()
+    steps = block.locator(".unwind .step")
+    events = [steps.nth(i).get_attribute("data-event") for i in range(steps.count())]
+    assert events[0] == "cancel_requested"
+    assert events[-1] == "worker_exited"
+    assert block.locator(".unwind-leak").count() == 0
+    # Nothing of it is left busy on the server (the page's health strip reads /api/health).
+    expect(page.locator(".hitem[data-key=busy] b")).to_have_text("0/4", timeout=WAIT_MS)
+    expect(page.locator("#jobs li")).to_have_count(0)
+
+
+def test_escape_cancels_the_latest_command_and_the_keyboard_reaches_cancel(
+    page: Page, console: Console
+) -> None:
+    open_console(page, console)
+    first = run(page, "sleep 30")
+    second = run(page, "sleep 31")
+    third = run(page, "sleep 32")
+    for block in (first, second, third):
+        expect_state(block, "running")
+    expect(page.locator("#jobs li")).to_have_count(3)
+
+    page.locator("#prompt").press("Escape")
+    expect_state(third, "cancelled")
+    expect(third.locator(".facts")).to_contain_text("worker exited")
+    expect(first).to_have_attribute("data-state", "running")
+    expect(second).to_have_attribute("data-state", "running")
+
+    # Keyboard only: Shift+Tab from the prompt lands on the latest live Cancel button.
+    page.locator("#prompt").press("Shift+Tab")
+    focused = page.evaluate("document.activeElement.closest('article.cmd')?.dataset.id")
+    assert focused == second.get_attribute("data-id")
+    page.keyboard.press("Enter")
+    expect_state(second, "cancelled")
+    expect(first).to_have_attribute("data-state", "running")
+
+    page.locator("#cancel-all").click()
+    expect_state(first, "cancelled")
+    expect(page.locator("#jobs li")).to_have_count(0)
+
+
+def test_a_worker_that_did_not_exit_is_shown_as_a_warning(page: Page, tmp_path: Path) -> None:
+    # Pure Python with no cooperative point: the 1 s timeout cancels it, the
+    # 0.3 s unwind bound passes with the worker still spinning (so complete
+    # says so), and the escalation 2 s after the cancel finally ends it.
+    with running_console(
+        tmp_path, sim=SIM, command_timeout=1.0, unwind_timeout=0.3, escalate_after=2.0
+    ) as slow:
+        open_console(page, slow)
+        block = run(page, "probe python-loop")
+        expect_state(block, "timeout")
+        facts = block.locator(".facts")
+        expect(facts).to_have_text(re.compile(r"^timed out · worker still running · "))
+        expect(facts.locator(".fact-warn")).to_have_text(["worker still running", "1 thread open"])
+        chart = block.locator(".unwind.unwind-leak")
+        expect(chart).to_be_visible()
+        expect(chart.locator(".step").last).to_have_attribute("data-event", "worker_running")
+        expect(chart.locator(".unwind-open")).to_have_text("still open: 1 thread")
+        # The escalation ended it: the server counts no busy worker again.
+        expect(page.locator(".hitem[data-key=busy] b")).to_have_text("0/4", timeout=WAIT_MS)
+
+
+def test_confirm_writes_only_after_confirmation(page: Page, console: Console) -> None:
+    store = NoteStore.in_data_dir(console.data_dir)
+    old = store.add("Old idea", "unused for a year", now=time.time() - 400 * 86400)
+    open_console(page, console)
+    dialog = page.locator("#confirm")
+
+    declined = run(page, "curator run")
+    expect(dialog).to_be_visible()
+    expect(dialog.locator("#confirm-message")).to_contain_text(f"#{old.id}")
+    assert state_of(store, old.id) is NoteState.ACTIVE
+    page.keyboard.press("Escape")  # declines: a cancel for that command
+    expect_state(declined, "cancelled")
+    expect(dialog).to_be_hidden()
+    assert state_of(store, old.id) is NoteState.ACTIVE
+
+    # Enter typed at the prompt is not an answer: only Enter in the dialog is.
+    confirmed = run(page, "curator run")
+    expect(dialog).to_be_visible()
+    assert page.evaluate("document.activeElement.id") == "confirm"
+    assert state_of(store, old.id) is NoteState.ACTIVE
+    page.keyboard.press("Enter")
+    expect_state(confirmed, "ok")
+    expect(confirmed.locator(".cmd-out")).to_contain_text("done:")
+    assert state_of(store, old.id) is NoteState.STALE
+
+    listed = run(page, "memory list")
+    expect_state(listed, "ok")
+    expect(listed.locator(".cmd-out")).to_contain_text(re.compile(rf"#{old.id}\s+stale"))
+
+
+def test_bad_command_shows_its_error(page: Page, console: Console) -> None:
+    open_console(page, console)
+    block = run(page, "frobnicate now")
+    expect_state(block, "error")
+    expect(block.locator(".cmd-error")).to_contain_text("unknown command 'frobnicate'")
+    usage = run(page, "sleep")
+    expect_state(usage, "error")
+    expect(usage.locator(".cmd-error")).to_contain_text("usage: sleep SECONDS")
+
+
+def test_history_survives_a_reload_and_tab_completes_commands(page: Page, console: Console) -> None:
+    open_console(page, console)
+    prompt = page.locator("#prompt")
+    prompt.fill("mem")
+    prompt.press("Tab")
+    expect(prompt).to_have_value("memory ")
+    expect(page.locator("#hint-text")).to_contain_text("memory list")
+    prompt.press_sequentially("l")
+    prompt.press("Tab")
+    expect(prompt).to_have_value("memory list ")
+    prompt.press("Enter")
+    expect_state(page.locator("article.cmd").last, "ok")
+    prompt.fill("probe str")
+    prompt.press("Tab")
+    expect(prompt).to_have_value("probe stream ")
+    prompt.fill("")
+
+    page.reload()
+    expect(page.locator("#conn")).to_have_attribute("data-state", "connected", timeout=WAIT_MS)
+    prompt.press("ArrowUp")
+    expect(prompt).to_have_value("memory list")
+    prompt.press("ArrowDown")
+    expect(prompt).to_have_value("")
+
+
+def test_dropped_connection_says_its_commands_were_cancelled(page: Page, console: Console) -> None:
+    routes: list[Any] = []
+
+    def through(route: Any) -> None:
+        route.connect_to_server()  # frames pass both ways; we only keep the handle
+        routes.append(route)
+
+    page.route_web_socket(re.compile(r"/api/console"), through)
+    open_console(page, console)
+    block = run(page, "sleep 30")
+    expect_state(block, "running")
+
+    routes[-1].close(code=4000, reason="dropped by the test")
+    expect_state(block, "cancelled")
+    expect(block.locator(".facts")).to_contain_text("cancelled by the disconnect")
+    expect(page.locator(".notice-warn").last).to_contain_text(
+        "1 command of that connection was cancelled by the disconnect"
+    )
+    expect(page.locator("#conn")).to_have_attribute("data-state", "connected", timeout=WAIT_MS)
+    assert len(routes) == 2
+    # The server did cancel it: its worker is free again.
+    expect(page.locator(".hitem[data-key=busy] b")).to_have_text("0/4", timeout=WAIT_MS)
+    expect_state(run(page, "jobs"), "ok")
+
+
+def test_page_reconnects_after_the_server_restarts(page: Page, tmp_path: Path) -> None:
+    with running_console(tmp_path, sim=SIM) as first:
+        open_console(page, first)
+        block = run(page, "sleep 30")
+        expect_state(block, "running")
+        port, token = first.server.port, first.server.token
+        first.server.stop()
+        expect_state(block, "cancelled")
+        expect(block.locator(".facts")).to_contain_text("by the server's shutdown")
+        conn = page.locator("#conn")
+        expect(conn).to_have_attribute("data-state", re.compile("waiting|connecting"))
+
+        provider = Provider(first.sim.base_url, None, "simulator (tests)")
+        config = ConsoleConfig(port=port, data_dir=tmp_path, token=token)
+        with ConsoleServer(config, provider):
+            expect(page.locator("#conn")).to_have_attribute(
+                "data-state", "connected", timeout=WAIT_MS
+            )
+            expect(page.locator(".notice-warn").last).to_contain_text("Reconnected")
+            expect_state(run(page, "help"), "ok")
+
+
+def test_phone_width_has_no_horizontal_overflow(browser: Browser, console: Console) -> None:
+    context = browser.new_context(viewport={"width": 375, "height": 740}, color_scheme="light")
+    context.set_default_timeout(WAIT_MS)
+    try:
+        page = context.new_page()
+        watch = PageProblems(page)
+        open_console(page, console)
+        expect_state(run(page, "help"), "ok")  # long usage lines
+        long_word = run(page, "x" + "y" * 150)  # an error quoting a long unbroken word
+        expect_state(long_word, "error")
+        chat = run(page, "chat a long one please")
+        wait_tokens_while_running(page, chat, words=5)
+        chat.locator(".cmd-cancel").click()
+        expect_state(chat, "cancelled")
+        expect(chat.locator(".unwind")).to_be_visible()
+        run(page, "sleep 20")  # a live chip in the status strip
+
+        assert page.evaluate("document.documentElement.scrollWidth") <= 375
+        # Stronger than the document's width (the log clips sideways): no box sticks
+        # out of the viewport and no element's content is wider than the element.
+        overflowing = page.evaluate(
+            """() => [...document.body.querySelectorAll("*")].filter((e) => {
+                // Not counted: what is hidden, the strip's ellipsised lines, and the
+                // chart's scale, whose end dots sit half past it inside their track.
+                const skip = ".sr-only, [hidden], dialog:not([open]), .job-line, .step-scale";
+                if (e.closest(skip)) return false;
+                const r = e.getBoundingClientRect();
+                // An inline box's rectangle counts the spaces that hang past a
+                // wrapped line's end; its block parent is checked instead.
+                if (r.width === 0 || getComputedStyle(e).display === "inline") return false;
+                return r.right > innerWidth + 0.5 || r.left < -0.5
+                    || (e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1);
+            }).map((e) => e.className || e.tagName)"""
+        )
+        assert overflowing == []
+        page.locator("#cancel-all").click()
+        assert watch.problems == []
+    finally:
+        context.close()
+
+
+def test_screenshot_for_the_readme(page: Page, console: Console) -> None:
+    """A real session mid-flight: a cancelled chat with its facts and chart, one streaming."""
+    page.set_viewport_size({"width": 1200, "height": 800})
+    open_console(page, console)
+    note = run(page, "memory add Slots -- llama.cpp frees a slot when the client closes")
+    expect_state(note, "ok")
+    cut = run(page, "chat why must a cancel close the socket? (long answer)")
+    wait_tokens_while_running(page, cut, words=40)
+    cut.locator(".cmd-cancel").click()
+    expect_state(cut, "cancelled")
+    expect_state(run(page, "sleep 20"), "running")
+    streaming = run(page, "chat and what happens to the slot? (long answer)")
+    wait_tokens_while_running(page, streaming, words=60)
+    expect(page.locator(".hitem[data-key=busy] b")).to_have_text("2/4", timeout=WAIT_MS)
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT))
+    assert streaming.get_attribute("data-state") == "running"
+    assert SCREENSHOT.stat().st_size > 10_000
+    page.locator("#cancel-all").click()
+    expect(page.locator("#jobs li")).to_have_count(0)
