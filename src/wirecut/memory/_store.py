@@ -173,6 +173,8 @@ class NoteStore:
 
     def get(self, note_id: int) -> Note | None:
         """The note ``note_id``, or None if there is none."""
+        if not _storable_id(note_id):
+            return None
         with self._connect() as conn:
             row = conn.execute(f"SELECT {_COLUMNS} FROM notes WHERE id = ?", (note_id,)).fetchone()
         return None if row is None else _note(row)
@@ -228,6 +230,8 @@ class NoteStore:
         Returns the note as it is now, or None if there is none. An archived
         note stays archived.
         """
+        if not _storable_id(note_id):
+            return None
         at = time.time() if now is None else now
         with self._write() as conn:
             conn.execute(
@@ -384,3 +388,8 @@ def _set_state(
 
 def _ids(ids: Iterable[int]) -> str:
     return ", ".join(f"#{i}" for i in ids)
+
+
+def _storable_id(note_id: int) -> bool:
+    # SQLite's INTEGER is 64-bit: a larger id names no note (and would not bind).
+    return 0 < note_id < 2**63
