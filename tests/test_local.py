@@ -32,7 +32,9 @@ import pytest
 from click.testing import CliRunner
 
 import wirecut.local
+from _console import ConsoleClient
 from wirecut.cli import main
+from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
 from wirecut.local import (
     MODEL_NAME,
     LocalServer,
@@ -371,3 +373,24 @@ def test_cut_requests_free_both_slots_and_stop_decoding(
     monitor.wait_all_released()
     predicted = monitor.tokens_predicted() - before
     assert 20 <= predicted < MAX_TOKENS // 4, predicted
+
+
+def test_a_console_cancel_of_a_streaming_chat_frees_the_slot(
+    server: LocalServer, monitor: Monitor, tmp_path: Path
+) -> None:
+    """The whole product on the real llama.cpp: a console cancel ends the decoding."""
+    provider = Provider(server.base_url, MODEL_NAME, "embedded llama.cpp (test)")
+    config = ConsoleConfig(port=0, data_dir=tmp_path, max_tokens=MAX_TOKENS)
+    with ConsoleServer(config, provider) as console, ConsoleClient(console.ws_url) as client:
+        id = client.run("chat Write a very long story about a lighthouse keeper.")
+        client.wait_for(lambda f: f["type"] == "output" and f["id"] == id, timeout=60)
+        assert any(slot["is_processing"] for slot in monitor.slots())
+        client.cancel(id)
+        complete = client.complete(id, timeout=30)
+    assert complete["status"] == "cancelled"
+    assert complete["lifecycle"]["worker_exited"] is True
+    assert complete["lifecycle"]["open_requests"] == 0
+    assert complete["usage"]["completion_tokens"] >= 1
+    monitor.wait_all_released()
+    predicted = monitor.tokens_predicted()
+    assert monitor.tokens_predicted() == predicted  # 1.5 s later: nothing decodes
