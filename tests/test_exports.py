@@ -17,6 +17,7 @@ PACKAGES = [
     "wirecut.http",
     "wirecut.local",
     "wirecut.memory",
+    "wirecut.proof",
     "wirecut.provider",
     "wirecut.scope",
     "wirecut.simulator",

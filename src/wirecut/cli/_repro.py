@@ -1,0 +1,57 @@
+"""``wirecut repro``: the seed incident in one command; prints the facts of its cancel.
+
+Output (stdout) is PROTOCOL.md's "Proof tools" form; progress goes to
+stderr. Exits 0 only when every fact holds for wirecut.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+__all__ = ["repro"]
+
+
+@click.command("repro")
+@click.option(
+    "--baseline",
+    is_flag=True,
+    help="Also run the command through a naive host (run_in_executor, cancel the waiter).",
+)
+@click.option(
+    "--provider-url",
+    default=None,
+    metavar="URL",
+    help="An OpenAI-compatible API base (http://host:port/v1) instead of the simulator.",
+)
+@click.option("--model", default=None, help="The model to ask a given provider for.")
+@click.option("--api-key", default=None, help="The provider's API key. Default: $OPENAI_API_KEY.")
+def repro(baseline: bool, provider_url: str | None, model: str | None, api_key: str | None) -> None:
+    """Replay the cancel of `curator run --consolidate --yes` and print its facts."""
+    import os
+
+    import httpx
+
+    from wirecut.proof import run_repro, url_problem
+
+    problem = None if provider_url is None else url_problem(provider_url)
+    if problem is not None:
+        raise click.BadParameter(problem, param_hint="--provider-url")
+    api_key = api_key or os.environ.get("OPENAI_API_KEY") or None
+
+    def log(line: str) -> None:
+        click.echo(f"repro: {line}", err=True)
+
+    try:
+        report = run_repro(
+            provider_url=provider_url, model=model, api_key=api_key, baseline=baseline, log=log
+        )
+    except httpx.HTTPError as exc:
+        raise click.ClickException(f"cannot reach the provider at {provider_url}: {exc}") from None
+    except TimeoutError as exc:
+        raise click.ClickException(str(exc)) from None
+    for line in report.lines():
+        click.echo(line)
+    sys.stdout.flush()
+    sys.exit(report.exit_code)
