@@ -31,7 +31,7 @@ class _LazyGroup(click.Group):
     """A group whose subcommands are imported when used (click's documented pattern)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(name for name in _SUBCOMMANDS if self._load(name) is not None)
+        return sorted(_SUBCOMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         return self._load(cmd_name)
@@ -42,13 +42,7 @@ class _LazyGroup(click.Group):
         if target is None:
             return None
         module_name, attribute = target.split(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                return None  # Not built yet in this checkout.
-            raise
-        command: click.Command = getattr(module, attribute)
+        command: click.Command = getattr(importlib.import_module(module_name), attribute)
         return command
 
 

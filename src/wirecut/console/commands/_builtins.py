@@ -1,7 +1,7 @@
 """The built-in console commands: ``help``, ``sleep``, ``jobs``, ``chat``.
 
-Importing this module registers them, and the command modules beside it
-(``memory``/``curator``, ``probe``). Each runs on a worker thread with the
+Importing this module registers them, and imports the command modules beside
+it (``memory``/``curator``, ``probe``), which register theirs. Each runs on a worker thread with the
 command's scope bound (see ``_context``).
 """
 
@@ -90,17 +90,5 @@ def chat(ctx: CommandContext, args: list[str]) -> None:
         ctx.session.chat_history[:] = result.messages
 
 
-def _load_command_modules() -> None:
-    # The other command modules register themselves on import; they are
-    # being built in parallel, so a missing one is skipped, not fatal.
-    import importlib
-
-    for name in ("_memory", "_probe"):
-        try:
-            importlib.import_module(f"wirecut.console.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"wirecut.console.commands.{name}":
-                raise
-
-
-_load_command_modules()
+# The other command modules register themselves on import.
+from wirecut.console.commands import _memory, _probe  # noqa: E402, F401
