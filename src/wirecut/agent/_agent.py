@@ -48,6 +48,8 @@ class ConversationResult:
     usage: Usage = field(default_factory=Usage)
     reason: str | None = None
     iterations: int = 0
+    #: The last model reply's ``finish_reason`` ("stop", "length" ...), None if none came.
+    finish_reason: str | None = None
 
 
 class _Turn:
@@ -150,11 +152,14 @@ class AIAgent:
         messages.append({"role": "user", "content": user_message})
         usage = Usage()
         iterations = 0
+        finish_reason: str | None = None
 
         def result(
             status: ConversationStatus, text: str = "", reason: str | None = None
         ) -> ConversationResult:
-            return ConversationResult(status, text, messages, usage, reason, iterations)
+            return ConversationResult(
+                status, text, messages, usage, reason, iterations, finish_reason
+            )
 
         turn = InterruptScope("agent-turn", parent=current_scope())
         with self._lock:
@@ -174,6 +179,7 @@ class AIAgent:
                     iterations += 1
                     reply = self._call_model(messages, on_token)
                     _add_usage(usage, reply.usage)
+                    finish_reason = reply.finish_reason
                     if reply.interrupted:
                         return result(ConversationStatus.INTERRUPTED, reply.text, reply.reason)
                     messages.append(_assistant_message(reply))

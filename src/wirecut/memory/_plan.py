@@ -19,7 +19,7 @@ import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from wirecut.agent import AIAgent, ConversationStatus
 from wirecut.memory._notes import (
@@ -30,7 +30,7 @@ from wirecut.memory._notes import (
     check_body,
     check_title,
 )
-from wirecut.provider import ChatClient, ChatResult, Usage
+from wirecut.provider import ChatClient, Usage
 
 __all__ = [
     "PLAN_MAX_TOKENS",
@@ -134,7 +134,6 @@ def make_plan(
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, not {max_tokens!r}")
-    recorder = _LastReply(client)
     params: dict[str, Any] = {
         "response_format": {
             "type": "json_schema",
@@ -149,9 +148,7 @@ def make_plan(
     if temperature is not None:
         params["temperature"] = temperature
     agent = AIAgent(
-        # The agent only calls chat(); the recorder keeps the finish_reason
-        # that ConversationResult does not carry.
-        cast(ChatClient, recorder),
+        client,
         model=model,
         system_prompt=SYSTEM_PROMPT,
         max_iterations=1,
@@ -170,7 +167,7 @@ def make_plan(
         return Plan(defect=f"the provider failed: {result.reason}", text=text, usage=usage)
     if result.status is not ConversationStatus.OK:
         return Plan(defect="the model called tools instead of giving a plan", usage=usage)
-    if recorder.last is not None and recorder.last.finish_reason == "length":
+    if result.finish_reason == "length":
         return Plan(
             defect=f"the model's reply was cut short at max_tokens ({max_tokens})",
             text=text,
@@ -264,21 +261,3 @@ def _prompt(notes: Sequence[Note]) -> str:
         for note in notes
     ]
     return "The notes, one JSON object a line:\n" + "\n".join(lines)
-
-
-class _LastReply:
-    """Passes ``chat()`` to the real client and keeps its last ``ChatResult``.
-
-    Used by one conversation in one thread; everything else is the client's.
-    """
-
-    def __init__(self, client: ChatClient) -> None:
-        self._client = client
-        self.last: ChatResult | None = None
-
-    def chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> ChatResult:
-        self.last = self._client.chat(messages, **kwargs)
-        return self.last
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
