@@ -1,7 +1,7 @@
 """``wirecut local``: run the embedded llama.cpp server on its own.
 
 Prints one line ``wirecut local: http://HOST:PORT/v1 (MODEL)`` on stdout once
-``/health`` answers (PROTOCOL.md), the model note on stderr, then serves until
+``/health`` answers (docs/protocol.md), the model note on stderr, then serves until
 Ctrl+C or SIGTERM, stops the server and exits 0. Without the extra ``local``
 it exits 2 with the install command on stderr; a server that fails to start
 or dies exits 1. A data directory that cannot be created or written is one
