@@ -1,4 +1,4 @@
-"""``wirecut bench``: writes ``bench.json`` in PROTOCOL.md's format, and ``bench.png``.
+"""``wirecut bench``: writes ``bench.json`` in docs/protocol.md's format, and ``bench.png``.
 
 One real run in a subprocess (``--quick`` with the hidden ``--concurrency``
 and ``--window`` to keep it short): real simulators, a real console, real

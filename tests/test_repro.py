@@ -2,7 +2,7 @@
 
 Each test runs the real command in a subprocess (``python -m wirecut repro``):
 a simulator and a console in that process, a real WebSocket, a real cancel.
-The assertions read PROTOCOL.md's output form: one ``name: value`` line per
+The assertions read docs/protocol.md's output form: one ``name: value`` line per
 fact, then the figures, then the timeline; ``baseline:`` before the naive
 host's facts.
 """

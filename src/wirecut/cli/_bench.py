@@ -1,7 +1,7 @@
 """``wirecut bench``: cancellation benchmarks of wirecut against what hosts do today.
 
 A progress bar on stderr while it runs; then a table on stdout, and
-``DIR/bench.json`` (PROTOCOL.md, "Proof tools") and ``DIR/bench.png``.
+``DIR/bench.json`` (docs/protocol.md, "Proof tools") and ``DIR/bench.png``.
 Needs the ``openai`` SDK (a baseline) and ``matplotlib`` (the chart).
 """
 

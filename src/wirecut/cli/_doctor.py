@@ -1,7 +1,7 @@
 """``wirecut doctor``: does a cancel free the slot on *your* provider?
 
 Prints the findings for people, or with ``--json`` one JSON object
-(PROTOCOL.md, "Proof tools"). Exits 0 when every cut was released, 1 when
+(docs/protocol.md, "Proof tools"). Exits 0 when every cut was released, 1 when
 one was not or could not be told (or the provider could not be reached),
 2 on a usage error.
 """

@@ -1,6 +1,6 @@
 """``wirecut repro``: the seed incident in one command; prints the facts of its cancel.
 
-Output (stdout) is PROTOCOL.md's "Proof tools" form; progress goes to
+Output (stdout) is docs/protocol.md's "Proof tools" form; progress goes to
 stderr. Exits 0 only when every fact holds for wirecut.
 """
 

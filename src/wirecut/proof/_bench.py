@@ -141,7 +141,7 @@ def _round(value: float | None, digits: int = 2) -> float | None:
 
 @dataclass
 class Row:
-    """One system x scenario x concurrency: PROTOCOL.md's ``rows`` entry."""
+    """One system x scenario x concurrency: docs/protocol.md's ``rows`` entry."""
 
     system: str
     scenario: str

@@ -1,6 +1,6 @@
 """A client of ``/api/console`` for the proof tools: frames with their arrival times.
 
-``ConsoleClient`` speaks the protocol (PROTOCOL.md, "/api/console") over one
+``ConsoleClient`` speaks the protocol (docs/protocol.md, "/api/console") over one
 real WebSocket (the ``websockets`` sync client). A background thread reads
 the frames and stamps each with ``time.monotonic()`` as it arrives, so that
 ``repro`` and ``bench`` can measure cancel -> ``complete`` on the client's
@@ -11,6 +11,7 @@ Safe to call from any thread; the frames are kept under one condition.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import threading
@@ -42,7 +43,12 @@ class ConsoleClient:
     """
 
     def __init__(self, url: str, *, open_timeout: float = 10.0) -> None:
-        self._ws: ClientConnection = connect(url, open_timeout=open_timeout, max_size=None)
+        # Entered as a context manager: websockets deprecates iterating a
+        # connection that was not.
+        self._stack = contextlib.ExitStack()
+        self._ws: ClientConnection = self._stack.enter_context(
+            connect(url, open_timeout=open_timeout, max_size=None)
+        )
         # Guards _received and _closed; wakes wait_for() on every frame.
         self._cond = threading.Condition()
         self._received: list[Received] = []
@@ -132,7 +138,7 @@ class ConsoleClient:
 
     def close(self) -> None:
         """Close the connection (its live commands are cancelled by the server) and join."""
-        self._ws.close()
+        self._stack.close()
         self._reader.join(5)
 
     def __enter__(self) -> ConsoleClient:

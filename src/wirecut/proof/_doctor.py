@@ -63,7 +63,7 @@ BLIND_START = 1.0
 
 
 class CheckMode(enum.StrEnum):
-    """What was cut; the values are PROTOCOL.md's ``mode``."""
+    """What was cut; the values are docs/protocol.md's ``mode``."""
 
     STREAM = "stream"  # a streaming request, cut while tokens flow
     NON_STREAM = "non-stream"  # a real non-streaming request, cut while the provider runs it
@@ -92,7 +92,7 @@ class Check:
 
 @dataclass
 class DoctorReport:
-    """What doctor found: PROTOCOL.md's ``doctor --json`` object (plus ``url``, ``model``)."""
+    """What doctor found: docs/protocol.md's ``doctor --json`` object (plus ``url``, ``model``)."""
 
     provider: ProviderKind
     url: str

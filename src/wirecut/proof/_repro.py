@@ -9,7 +9,7 @@ llama.cpp held its only slot for half an hour.
 provider given, a console server in-process over a temporary data directory
 seeded with notes, the command over the WebSocket, and a ``cancel`` once the
 provider is decoding. At the ``complete`` frame it reads the facts
-(PROTOCOL.md, "Proof tools"): did the request and the worker exit, did the
+(docs/protocol.md, "Proof tools"): did the request and the worker exit, did the
 provider see the close and free the slot, and how fast. With ``baseline``
 the same command then runs through the naive host (``_naive.ExecutorHost``)
 on the same provider, and its facts are read the same way.
@@ -78,7 +78,7 @@ class ReproFacts:
         return all(getattr(self, name) is True for name in FACTS)
 
     def lines(self) -> list[str]:
-        """PROTOCOL.md's form: one fact a line, the figures, then the timeline."""
+        """docs/protocol.md's form: one fact a line, the figures, then the timeline."""
         out = [f"{name}: {_word(getattr(self, name))}" for name in FACTS]
         for name in ("cancel_to_complete_ms", "cancel_to_provider_close_ms"):
             value = getattr(self, name)

@@ -53,7 +53,7 @@ PROBE_TIMEOUT = 5.0
 
 
 class ProviderKind(enum.StrEnum):
-    """What the provider answered as; the values are PROTOCOL.md's ``provider``."""
+    """What the provider answered as; the values are docs/protocol.md's ``provider``."""
 
     LLAMA_CPP = "llama.cpp"  # /slots, /props or llamacpp: metrics
     VLLM = "vllm"  # /metrics with vllm: names

@@ -103,7 +103,7 @@ class ProbeServer:
         self.url = f"http://127.0.0.1:{self.port}/v1"
         # Guards the records, the connection list and the socket states: a
         # socket is shut down (by stop) and closed (by its owner thread) only
-        # under it, so a shutdown never reaches a closed fd (DESIGN fact 3).
+        # under it, so a shutdown never reaches a closed fd (docs/architecture.md, fact 3).
         self._cond = threading.Condition()
         self.requests: list[dict[str, Any]] = []
         self.exchanges = 0
