@@ -115,6 +115,28 @@ def test_a_retired_thread_is_replaced_so_the_pool_keeps_its_size() -> None:
     pool.shutdown()
 
 
+def test_a_burst_gets_a_thread_each_even_with_one_thread_idle() -> None:
+    pool = WorkerPool(4)
+    pool.submit(lambda: None).result(5)  # one thread exists, now idle
+    release = threading.Event()
+    started = threading.Semaphore(0)
+
+    def block() -> None:
+        started.release()
+        release.wait(10)
+
+    futures = [pool.submit(block) for _ in range(4)]
+    try:
+        for _ in range(4):
+            assert started.acquire(timeout=5), "a task of the burst waited behind another"
+        assert pool.busy == 4
+    finally:
+        release.set()
+    for future in futures:
+        future.result(5)
+    pool.shutdown()
+
+
 def test_a_shut_down_pool_refuses_work() -> None:
     pool = WorkerPool(2)
     pool.shutdown()

@@ -57,7 +57,8 @@ class WorkerPool:
             if self._shutdown:
                 raise RuntimeError("Cannot submit work, as the worker pool has been shut down.")
             self._queue.append((future, lambda: fn(*args, **kwargs)))
-            if self._idle == 0 and len(self._threads) < self.workers:
+            # Idle threads take queued work first; start one more only for the rest.
+            if len(self._queue) > self._idle and len(self._threads) < self.workers:
                 self._start_thread()
             self._cond.notify()
         return future
