@@ -15,10 +15,16 @@ import secrets
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from wirecut.cli._data_dir import data_dir_option
+
+if TYPE_CHECKING:
+    from wirecut.console.cluster import ClusterRunner
+    from wirecut.console.commands import Services
+    from wirecut.console.server import ConsoleConfig, ConsoleMetrics, Provider
 
 __all__ = ["serve"]
 
@@ -99,7 +105,7 @@ def serve(
             f"--no-token is refused on {host}: only a loopback address may go without a token"
         )
     if ray_address is not None:
-        raise click.UsageError("--ray: running commands on a Ray cluster is not built yet")
+        _check_ray(ray_address)
     if token is not None and not token.strip():
         raise click.UsageError("--token must not be empty")
     _check_port(host, port)
@@ -135,10 +141,68 @@ def serve(
         click.echo(f"wirecut serve: provider: {provider.label}", err=True)
         if provider.note:
             click.echo(f"wirecut serve: {provider.note}", err=True)
-        code = serve_forever(config, provider, echo=click.echo)
+        if ray_address is None:
+            code = serve_forever(config, provider, echo=click.echo)
+        else:
+            code = _serve_on_ray(ray_address, config, provider)
     finally:
         provider.stop()
     sys.exit(code)
+
+
+def _check_ray(address: str) -> None:
+    """Refuse ``--ray`` with one line when its address is malformed or the extra is missing."""
+    try:
+        from wirecut.console.cluster import address_problem
+    except ImportError:
+        raise click.UsageError("--ray needs the extra `ray`: pip install 'wirecut[ray]'") from None
+    problem = address_problem(address)
+    if problem is not None:
+        raise click.UsageError(problem)
+
+
+def _serve_on_ray(address: str, config: ConsoleConfig, provider: Provider) -> int:
+    """``serve`` with its commands on the Ray cluster at ``address`` (docs/cluster.md)."""
+    from wirecut.console.cluster import (
+        ClusterRunner,
+        ClusterUnavailable,
+        ProviderSpec,
+        connect,
+        disconnect,
+    )
+    from wirecut.console.server import serve_forever
+
+    try:
+        started = connect(address)
+    except ClusterUnavailable as exc:
+        click.echo(f"wirecut serve: {exc}", err=True)
+        return 1
+    spec = ProviderSpec(
+        base_url=provider.base_url,
+        api_key=config.api_key,
+        model=provider.model,
+        label=provider.label,
+        max_tokens=config.max_tokens,
+    )
+
+    def make_runner(services: Services, metrics: ConsoleMetrics) -> ClusterRunner:
+        return ClusterRunner(
+            services,
+            spec,
+            workers=config.workers,
+            command_timeout=config.command_timeout,
+            unwind_timeout=config.unwind_timeout,
+            escalate_after=config.escalate_after,
+            observer=metrics,
+            registry=metrics.registry,
+        )
+
+    where = "a local Ray cluster" if started else f"the Ray cluster at {address}"
+    click.echo(f"wirecut serve: commands run on {where}", err=True)
+    try:
+        return serve_forever(config, provider, echo=click.echo, runner=make_runner)
+    finally:
+        disconnect()
 
 
 def _check_port(host: str, port: int) -> None:

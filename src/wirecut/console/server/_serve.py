@@ -31,7 +31,7 @@ from typing import Any
 import uvicorn
 
 from wirecut.console.commands import Services
-from wirecut.console.runner import CommandRunner
+from wirecut.console.runner import CommandRunner, Runner
 from wirecut.console.server._app import ConsoleState, create_app
 from wirecut.console.server._metrics import ConsoleMetrics
 
@@ -40,9 +40,14 @@ __all__ = [
     "ConsoleServer",
     "Provider",
     "ProviderUnavailable",
+    "RunnerFactory",
     "resolve_provider",
     "serve_forever",
 ]
+
+#: Makes the runner of a console from its services and metrics (default: a
+#: ``CommandRunner``; ``wirecut serve --ray`` passes a ``ClusterRunner``'s).
+RunnerFactory = Callable[[Services, ConsoleMetrics], Runner]
 
 #: A WebSocket message larger than this closes the connection (1009); the
 #: protocol's own frame limit (an error frame, the connection kept) is lower.
@@ -121,8 +126,13 @@ def resolve_provider(
     )
 
 
-def build_state(config: ConsoleConfig, provider: Provider) -> ConsoleState:
-    """The runner, services and metrics of one console over ``provider``."""
+def build_state(
+    config: ConsoleConfig, provider: Provider, *, runner: RunnerFactory | None = None
+) -> ConsoleState:
+    """The runner, services and metrics of one console over ``provider``.
+
+    ``runner`` makes the runner (default: a ``CommandRunner`` per ``config``).
+    """
     from wirecut.memory import NoteStore
     from wirecut.provider import ChatClient
 
@@ -135,16 +145,20 @@ def build_state(config: ConsoleConfig, provider: Provider) -> ConsoleState:
         max_tokens=config.max_tokens,
     )
     metrics = ConsoleMetrics()
-    runner = CommandRunner(
-        services,
-        workers=config.workers,
-        command_timeout=config.command_timeout,
-        unwind_timeout=config.unwind_timeout,
-        escalate_after=config.escalate_after,
-        observer=metrics,
-    )
-    metrics.attach(runner)
-    return ConsoleState(runner=runner, metrics=metrics, token=config.token)
+    made: Runner
+    if runner is None:
+        made = CommandRunner(
+            services,
+            workers=config.workers,
+            command_timeout=config.command_timeout,
+            unwind_timeout=config.unwind_timeout,
+            escalate_after=config.escalate_after,
+            observer=metrics,
+        )
+    else:
+        made = runner(services, metrics)
+    metrics.attach(made)
+    return ConsoleState(runner=made, metrics=metrics, token=config.token)
 
 
 class _ConsoleUvicorn(uvicorn.Server):
@@ -216,10 +230,12 @@ class ConsoleServer:
     the provider, which the caller passed in and owns.
     """
 
-    def __init__(self, config: ConsoleConfig, provider: Provider) -> None:
+    def __init__(
+        self, config: ConsoleConfig, provider: Provider, *, runner: RunnerFactory | None = None
+    ) -> None:
         self.config = config
         self.provider = provider
-        self.state = build_state(config, provider)
+        self.state = build_state(config, provider, runner=runner)
         self._address: tuple[str, int] | None = None
         self._listening = threading.Event()
         self._server = _ConsoleUvicorn(
@@ -286,13 +302,20 @@ class ConsoleServer:
         return self.config.token
 
 
-def serve_forever(config: ConsoleConfig, provider: Provider, *, echo: Callable[[str], None]) -> int:
+def serve_forever(
+    config: ConsoleConfig,
+    provider: Provider,
+    *,
+    echo: Callable[[str], None],
+    runner: RunnerFactory | None = None,
+) -> int:
     """``wirecut serve``: serve in the main thread until SIGTERM or Ctrl+C; returns the exit code.
 
     Prints the banner once connections are accepted, writes ``serve.json``
-    (mode 0600) into the data directory and removes it at exit.
+    (mode 0600) into the data directory and removes it at exit. ``runner``
+    as for ``build_state``.
     """
-    state = build_state(config, provider)
+    state = build_state(config, provider, runner=runner)
     info_path = config.data_dir / SERVE_JSON
     wrote: list[Path] = []
 

@@ -1,0 +1,627 @@
+"""The console's commands on a Ray cluster: two real nodes on loopback, real actors, the simulator.
+
+A two-node cluster (``_ray_cluster``: ``ray start`` twice, 1 CPU each) is
+started once for the module; each console is a real ``ConsoleServer`` whose
+runner is a ``ClusterRunner``, driven over a real WebSocket. Most consoles
+put their command hosts on the second node only, so that every remote claim
+is about a process on another node than the one serving the console. The
+checks are the local console's (``test_console``), plus where the facts came
+from: ``lifecycle.node`` is the second node and the unwind steps include the
+host's (``host_cancelled``, ``sockets_shut``).
+
+The order matters once: the last test kills the second node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from _console import ConsoleClient
+from _ray_cluster import WORKER_IP, RayCluster, ray_missing
+
+_missing = ray_missing()
+if _missing is not None:
+    pytest.skip(_missing, allow_module_level=True)
+
+import ray  # noqa: E402
+
+from wirecut.console.cluster import NAMESPACE, ClusterRunner, ProviderSpec, placement  # noqa: E402
+from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider  # noqa: E402
+from wirecut.memory import NoteStore  # noqa: E402
+from wirecut.simulator import SimConfig, SimulatorServer  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+Frame = dict[str, Any]
+
+
+# -- the cluster and the consoles ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RayCluster]:
+    running = RayCluster().start()
+    try:
+        ray.init(
+            address=running.address,
+            namespace=NAMESPACE,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
+        yield running
+    finally:
+        ray.shutdown()
+        running.stop()
+
+
+@pytest.fixture(scope="module")
+def second(cluster: RayCluster) -> str:
+    """The node id of the second node (not the head, not this process's node)."""
+    found = [
+        n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == WORKER_IP
+    ]
+    assert len(found) == 1, ray.nodes()
+    return str(found[0])
+
+
+@dataclass
+class Remote:
+    server: ConsoleServer
+    sim: SimulatorServer
+    data_dir: Path
+
+    def client(self) -> ConsoleClient:
+        return ConsoleClient(self.server.ws_url)
+
+
+@contextlib.contextmanager
+def cluster_console(
+    data_dir: Path,
+    sim: SimulatorServer,
+    *,
+    nodes: list[str] | None,
+    workers: int = 2,
+    unwind_timeout: float = 5.0,
+    escalate_after: float | None = None,
+) -> Iterator[Remote]:
+    """A console whose runner puts its commands on ``nodes`` (all nodes: None)."""
+    provider = Provider(sim.base_url, None, "simulator (tests)")
+    config = ConsoleConfig(
+        port=0, data_dir=data_dir, workers=workers, unwind_timeout=unwind_timeout
+    )
+
+    def make_runner(services: Any, metrics: Any) -> ClusterRunner:
+        return ClusterRunner(
+            services,
+            ProviderSpec(sim.base_url),
+            workers=workers,
+            unwind_timeout=unwind_timeout,
+            escalate_after=escalate_after,
+            observer=metrics,
+            registry=metrics.registry,
+            nodes=nodes,
+        )
+
+    with ConsoleServer(config, provider, runner=make_runner) as server:
+        yield Remote(server, sim, data_dir)
+
+
+def endless_sim(slots: int = 16) -> SimulatorServer:
+    return SimulatorServer(SimConfig(slots=slots, tokens_per_second=50, prompt_ms=5, endless=True))
+
+
+@pytest.fixture(scope="module")
+def remote(
+    cluster: RayCluster, second: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Remote]:
+    """One console for the module's simple cases: 2 command slots, on the second node."""
+    with (
+        endless_sim() as sim,
+        cluster_console(tmp_path_factory.mktemp("remote"), sim, nodes=[second]) as running,
+    ):
+        yield running
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def events(complete: Frame) -> list[str]:
+    return [step["event"] for step in complete["lifecycle"].get("timeline") or []]
+
+
+def assert_remote_cut(complete: Frame, reason: str, node: str, status: str = "cancelled") -> None:
+    """A cut confirmed by the host on ``node``: its worker returned and its ledger drained."""
+    assert complete["status"] == status, complete
+    assert complete["reason"] == reason, complete
+    lifecycle = complete["lifecycle"]
+    assert lifecycle["node"] == node
+    assert lifecycle["node_ip"] == WORKER_IP
+    assert lifecycle["worker_exited"] is True, complete
+    assert lifecycle["open_requests"] == 0
+    assert lifecycle["open_processes"] == 0
+    assert lifecycle["started"] is True
+    steps = events(complete)
+    assert steps[0] == "cancel_requested"
+    assert "host_cancelled" in steps
+    assert "worker_exited" in steps
+
+
+def health(server: ConsoleServer) -> dict[str, Any]:
+    response = httpx.get(server.url + "api/health", params={"token": server.token})
+    response.raise_for_status()
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def wait_health(server: ConsoleServer, match: Any, timeout: float = 15) -> dict[str, Any]:
+    """Poll /api/health until ``match(health)`` (bounded): remote counts arrive with each renew."""
+    deadline = time.monotonic() + timeout
+    while True:
+        current = health(server)
+        if match(current) or time.monotonic() > deadline:
+            return current
+        time.sleep(0.05)
+
+
+def metric(server: ConsoleServer, pattern: str) -> float:
+    text = httpx.get(server.url + "metrics", params={"token": server.token}).text
+    found = re.search(re.escape(pattern) + r" ([0-9.e+]+)", text)
+    return float(found.group(1)) if found else 0.0
+
+
+def wait_token(client: ConsoleClient, id: str, timeout: float = 30) -> None:
+    client.wait_for(
+        lambda f: f["type"] == "output" and f["id"] == id and f["stream"] == "token", timeout
+    )
+
+
+def wait_started(client: ConsoleClient, id: str, timeout: float = 30) -> None:
+    client.wait_for(lambda f: f["type"] == "started" and f["id"] == id, timeout)
+
+
+def wait_requests_ended(sim: SimulatorServer, timeout: float = 15) -> list[Any]:
+    """Poll (bounded) until the simulator has no request left open; returns the open ones."""
+    deadline = time.monotonic() + timeout
+    while True:
+        open_ = [r for r in sim.requests() if r.t_end is None]
+        if not open_ or time.monotonic() > deadline:
+            return open_
+        time.sleep(0.05)
+
+
+def seed_notes(client: ConsoleClient) -> None:
+    for title, body in [("Lyon trip", "train at 9"), ("Lyon hotel", "near the station")]:
+        assert client.complete(client.run(f"memory add '{title}' -- '{body}'"))["status"] == "ok"
+
+
+# -- where each command runs ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "where"),
+    [
+        ("chat hello", "remote"),
+        ("sleep 1", "remote"),
+        ("probe sleep", "remote"),
+        ("memory list", "local"),
+        ("curator status", "local"),
+        ("curator run --yes", "local"),
+        ("curator run --consolidate --yes", "split"),
+        ("jobs", "local"),
+        ("help", "local"),
+        ("no-such-command", "local"),
+        ("'unclosed", "local"),
+    ],
+)
+def test_placement_keeps_the_store_and_the_connection_local(line: str, where: str) -> None:
+    assert placement(line) == where
+
+
+@pytest.mark.parametrize("address", ["", "nonsense", "head:99999", ":6379"])
+def test_a_malformed_ray_address_is_a_usage_error_in_one_line(address: str, tmp_path: Path) -> None:
+    done = _serve_once(tmp_path, "--ray", address)
+    assert done.returncode == 2
+    assert "--ray takes auto, local, or HOST:PORT" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_ray_address_where_nothing_listens_is_one_line(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again below: nothing listens there
+    done = _serve_once(tmp_path, "--ray", f"127.0.0.1:{port}")
+    assert done.returncode == 1
+    assert f"cannot join the Ray cluster at 127.0.0.1:{port}" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def _serve_once(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "wirecut", "serve", "--port", "0", "--no-token"),
+            *("--data-dir", str(tmp_path), "--provider-url", "http://127.0.0.1:9/v1", *args),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+# -- the promise on the second node, per way of ending a command --------------------------------
+
+
+def test_a_streaming_chat_cancelled_on_the_second_node_reaches_the_provider(
+    remote: Remote, second: str
+) -> None:
+    since = remote.sim.simulator.event_log.next_seq
+    with remote.client() as c:
+        id = c.run("chat tell me a long story")
+        wait_token(c, id)
+        requests_before = len(remote.sim.requests())
+        c.cancel(id)
+        complete = c.complete(id)
+        c.complete(c.run("sleep 0"))  # a sequence point: nothing of `id` after its complete
+
+    assert_remote_cut(complete, "user", second)
+    steps = events(complete)
+    assert steps.index("sockets_shut") < steps.index("worker_exited")
+    assert complete["usage"]["completion_tokens"] >= 1
+    assert complete["usage"]["requests"] == 1
+    remote.sim.wait_for_event("peer_closed", since=since)
+    assert c.of(id)[-1]["type"] == "complete"
+    assert len(remote.sim.requests()) == requests_before
+
+
+def test_a_curator_consolidation_cancelled_on_the_second_node_leaves_the_store(
+    remote: Remote, second: str
+) -> None:
+    with remote.client() as c:
+        seed_notes(c)  # runs here, in the serve process: the store is its SQLite file
+        store = NoteStore.in_data_dir(remote.data_dir)
+        before = store.dump()
+        since = remote.sim.simulator.event_log.next_seq
+        id = c.run("curator run --consolidate --yes")
+        wait_token(c, id)  # the model streams its plan from the second node
+        requests_before = len(remote.sim.requests())
+        c.cancel(id)
+        complete = c.complete(id)
+        c.complete(c.run("sleep 0"))
+
+    assert complete["status"] == "cancelled"
+    assert complete["reason"] == "user"
+    lifecycle = complete["lifecycle"]
+    assert lifecycle["node"] == second
+    assert lifecycle["worker_exited"] is True  # here, and on the host (its ledger)
+    assert lifecycle["open_requests"] == 0
+    assert lifecycle["open_processes"] == 0
+    steps = events(complete)
+    assert steps[0] == "cancel_requested"
+    assert "host_cancelled" in steps
+    assert "sockets_shut" in steps
+    remote.sim.wait_for_event("peer_closed", since=since)
+    assert store.dump() == before
+    assert len(remote.sim.requests()) == requests_before
+
+
+def test_a_consolidation_planned_on_the_second_node_is_applied_here(
+    cluster: RayCluster, second: str, tmp_path: Path
+) -> None:
+    def responder(body: dict[str, Any]) -> dict[str, Any]:
+        plan = {"umbrellas": [{"title": "Lyon", "summary": "the trip", "note_ids": [1, 2]}]}
+        return {"content": json.dumps(plan)}
+
+    with (
+        SimulatorServer(SimConfig(slots=2, prompt_ms=5), responder=responder) as sim,
+        cluster_console(tmp_path, sim, nodes=[second]) as running,
+        running.client() as c,
+    ):
+        seed_notes(c)
+        complete = c.complete(c.run("curator run --consolidate --yes"))
+        output = c.output(complete["id"])
+
+    assert complete["status"] == "ok", (complete, output)
+    assert complete["lifecycle"]["node"] == second
+    store = NoteStore.in_data_dir(tmp_path)
+    umbrellas = [n for n in store.notes() if n.title == "Lyon"]
+    assert len(umbrellas) == 1
+    assert sorted(n.id for n in store.merged_into(umbrellas[0].id)) == [1, 2]
+
+
+def test_a_timeout_on_the_second_node_is_reported_as_timeout(remote: Remote, second: str) -> None:
+    since = remote.sim.simulator.event_log.next_seq
+    with remote.client() as c:
+        complete = c.complete(c.run("chat go on forever", timeout=0.5))
+    assert_remote_cut(complete, "timeout", second, status="timeout")
+    remote.sim.wait_for_event("peer_closed", since=since)
+
+
+def test_a_dropped_connection_cancels_its_commands_on_the_second_node(
+    remote: Remote, second: str
+) -> None:
+    pattern = 'wirecut_commands_total{reason="disconnect",status="cancelled"}'
+    counted = metric(remote.server, pattern)
+    since = remote.sim.simulator.event_log.next_seq
+    c = remote.client()
+    id = c.run("chat a long one please")
+    wait_token(c, id)
+    sleeper = c.run("sleep 30")
+    wait_started(c, sleeper)
+    busy = wait_health(remote.server, lambda h: h["nodes"].get(second, {})["workers"]["busy"] == 2)
+    c.ws.socket.shutdown(socket.SHUT_RDWR)  # no close handshake: the TCP connection just ends
+    c.close()
+
+    remote.sim.wait_for_event("peer_closed", since=since)
+    idle = wait_health(
+        remote.server,
+        lambda h: h["nodes"][second]["workers"]["busy"] == 0 and h["requests"]["open"] == 0,
+    )
+    assert busy["nodes"][second]["workers"]["busy"] == 2
+    assert busy["workers"]["busy"] >= 2  # the totals count the remote workers
+    assert idle["nodes"][second]["workers"] == {"max": 2, "busy": 0, "queued": 0, "leaked": 0}
+    assert idle["requests"]["open"] == 0
+    deadline = time.monotonic() + 10
+    while metric(remote.server, pattern) < counted + 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the completes are decided on the server's loop, after the close
+    assert metric(remote.server, pattern) == counted + 2
+    assert (
+        metric(remote.server, f'wirecut_node_workers_max{{ip="{WORKER_IP}",node="{second}"}}') == 2
+    )
+
+
+def test_a_command_queued_in_ray_and_cancelled_never_reaches_the_provider(
+    remote: Remote, second: str
+) -> None:
+    with remote.client() as c:
+        blockers = [c.run("sleep 30") for _ in range(2)]  # both slots of the second node's host
+        for id in blockers:
+            wait_started(c, id)
+        requests_before = len(remote.sim.requests())
+        queued = c.run("chat hello")
+        accepted = c.wait_for(lambda f: f["type"] == "accepted" and f["id"] == queued)
+        assert accepted["queued"] is True
+        waiting = wait_health(remote.server, lambda h: h["nodes"][second]["workers"]["queued"] == 1)
+        c.cancel(queued)
+        complete = c.complete(queued)
+        for id in blockers:
+            c.cancel(id)
+            c.complete(id)
+        # Sequence points: the host takes calls in order, so the dropped one came up first.
+        for _ in range(2):
+            assert c.complete(c.run("sleep 0"))["status"] == "ok"
+        frames = [f["type"] for f in c.of(queued)]
+
+    assert waiting["nodes"][second]["workers"]["queued"] == 1
+    assert complete["status"] == "cancelled"
+    assert complete["lifecycle"]["started"] is False
+    assert complete["lifecycle"]["worker_exited"] is True
+    assert frames == ["accepted", "complete"]
+    assert len(remote.sim.requests()) == requests_before
+
+
+def test_chat_keeps_the_connections_history_across_hosts(
+    cluster: RayCluster, tmp_path: Path
+) -> None:
+    seen: list[list[str]] = []
+
+    def responder(body: dict[str, Any]) -> dict[str, Any]:
+        seen.append([m["role"] for m in body["messages"]])
+        return {"content": "noted"}
+
+    with (
+        SimulatorServer(SimConfig(slots=2, prompt_ms=5), responder=responder) as sim,
+        cluster_console(tmp_path, sim, nodes=None) as running,
+        running.client() as c,
+    ):
+        for line in ("chat first", "chat second", "chat --new", "chat third"):
+            assert c.complete(c.run(line))["status"] == "ok"
+    assert seen == [
+        ["system", "user"],
+        ["system", "user", "assistant", "user"],
+        ["system", "user"],
+    ]
+
+
+def test_a_worker_past_the_bound_is_force_killed_and_its_exit_confirmed(
+    cluster: RayCluster, second: str, tmp_path: Path
+) -> None:
+    with (
+        endless_sim(2) as sim,
+        # No escalation: `probe python-loop` then spins until its process dies.
+        cluster_console(
+            tmp_path, sim, nodes=[second], unwind_timeout=1.0, escalate_after=math.inf
+        ) as running,
+        running.client() as c,
+    ):
+        id = c.run("probe python-loop")
+        c.wait_output(id, 30)
+        hosts = _command_host_pids(cluster)
+        c.cancel(id)
+        complete = c.complete(id, 30)
+        after = c.complete(c.run("sleep 0"), 60)  # a new host took the killed one's place
+
+    lifecycle = complete["lifecycle"]
+    assert complete["status"] == "cancelled"
+    assert lifecycle["worker_exited"] is True
+    assert lifecycle["force_killed"] is True
+    steps = events(complete)
+    assert steps.index("host_killed") < steps.index("worker_exited")
+    assert hosts - _command_host_pids(cluster)  # the killed host's process is really gone
+    assert after["status"] == "ok"
+
+
+def _command_host_pids(cluster: RayCluster) -> set[int]:
+    pids = set()
+    for pid in cluster.node_pids(WORKER_IP):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().startswith(b"ray::CommandHost"):
+                    pids.add(pid)
+        except OSError:
+            continue
+    return pids
+
+
+def test_no_false_cancelled_over_200_randomized_cancels(
+    cluster: RayCluster, tmp_path: Path
+) -> None:
+    rng = random.Random(12)
+    lines = ["chat tell me more", "chat and more", "sleep 10", "sleep 0", "probe sleep"]
+    completes: list[Frame] = []
+    with (
+        endless_sim(32) as sim,
+        cluster_console(tmp_path, sim, nodes=None, workers=4) as running,
+        running.client() as c,
+    ):
+        for batch in range(8):
+            ids = [c.run(rng.choice(lines), id=f"r{batch}-{k}") for k in range(25)]
+            for id in ids:
+                when = rng.random()
+                if when > 0.6:  # once it runs (earlier ones were cancelled: a slot comes free)
+                    c.wait_for(
+                        lambda f, id=id: f.get("id") == id and f["type"] in ("started", "complete"),
+                        30,
+                    )
+                if when > 0.3:
+                    time.sleep(rng.random() * 0.03)  # a random moment, not a synchronisation
+                c.cancel(id)
+            completes += [c.complete(id, 30) for id in ids]
+        still_open = wait_requests_ended(sim)
+
+    assert len(completes) == 200
+    false = [
+        f
+        for f in completes
+        if f["status"] == "cancelled"
+        and not (
+            f["lifecycle"]["worker_exited"] is True
+            and f["lifecycle"]["open_requests"] == 0
+            and f["lifecycle"]["open_processes"] == 0
+        )
+    ]
+    assert false == []
+    assert {f["status"] for f in completes} <= {"cancelled", "ok"}
+    assert still_open == []
+    kinds = {f["lifecycle"]["started"] for f in completes if f["status"] == "cancelled"}
+    assert kinds == {True, False}  # both paths were taken: queued in Ray, and running
+
+
+# -- the serve process and the node, lost ---------------------------------------------------------
+
+
+def _named_hosts() -> set[str]:
+    return {
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == NAMESPACE and a["name"].startswith("wirecut-")
+    }
+
+
+def test_a_killed_serve_process_leaves_no_command_running(
+    cluster: RayCluster, tmp_path: Path
+) -> None:
+    before = _named_hosts()
+    with endless_sim() as sim:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "wirecut",
+                "serve",
+                "--port",
+                "0",
+                "--no-token",
+                "--workers",
+                "2",
+                "--data-dir",
+                str(tmp_path),
+                "--provider-url",
+                sim.base_url,
+                "--ray",
+                cluster.address,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            banner = proc.stdout.readline()
+            assert banner.startswith("wirecut console: "), proc.stderr.read() if proc.stderr else ""
+            url = banner.split(": ", 1)[1].strip().replace("http://", "ws://") + "api/console"
+            since = sim.simulator.event_log.next_seq
+            with ConsoleClient(url) as c:
+                ids = [c.run("chat tell me everything") for _ in range(2)]
+                for id in ids:
+                    wait_token(c, id)
+                hosts = _named_hosts() - before
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(10)
+            # The hosts' leases end: each cancels its commands (reason shutdown) and exits.
+            for _ in ids:
+                since = sim.wait_for_event("peer_closed", since=since, timeout=30).seq + 1
+            deadline = time.monotonic() + 30
+            while _named_hosts() & hosts and time.monotonic() < deadline:
+                time.sleep(0.1)
+            left = _named_hosts() & hosts
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+    assert hosts
+    assert left == set()
+    assert wait_requests_ended(sim) == []
+
+
+def test_a_lost_node_ends_its_commands_as_lost_never_as_cancelled(
+    cluster: RayCluster, second: str, tmp_path: Path
+) -> None:
+    # The last test: it kills the second node.
+    with (
+        endless_sim(4) as sim,
+        cluster_console(tmp_path, sim, nodes=[second]) as running,
+        running.client() as c,
+    ):
+        chat = c.run("chat tell me a long story")
+        wait_token(c, chat)
+        sleeper = c.run("sleep 30")
+        wait_started(c, sleeper)
+        killed = cluster.kill_node(WORKER_IP)
+        c.cancel(sleeper)  # a cancel racing the loss: its unwind cannot be confirmed
+        completes = [c.complete(id, 45) for id in (chat, sleeper)]
+        gone = wait_health(running.server, lambda h: not h["nodes"].get(second, {}).get("alive"))
+
+    assert killed
+    for complete in completes:
+        assert complete["status"] == "error", complete
+        assert complete["reason"] == "lost"
+        assert complete["lifecycle"]["worker_exited"] is None  # unconfirmable, never a guess
+        assert complete["lifecycle"]["node"] == second
+        assert "lost" in complete["error"]
+    assert not gone["nodes"].get(second, {}).get("alive")
+    assert not any(pid for pid in killed if os.path.exists(f"/proc/{pid}/status") and _alive(pid))
+
+
+def _alive(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
