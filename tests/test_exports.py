@@ -10,6 +10,7 @@ import pytest
 
 PACKAGES = [
     "wirecut.agent",
+    "wirecut.console.cluster",
     "wirecut.console.commands",
     "wirecut.console.runner",
     "wirecut.console.server",
