@@ -212,6 +212,26 @@ def test_the_socket_is_registered_from_the_connect() -> None:
         assert scope.live()["sockets"] == 0
 
 
+def test_a_cancel_right_after_the_connect_releases_the_wakeup_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scope = InterruptScope("t")
+    real_connect = wirecut.http._socket_hold.connect_tcp
+
+    def connect_then_cancel(*args: object, **kwargs: object) -> socket.socket:
+        sock = real_connect(*args, **kwargs)  # type: ignore[arg-type]
+        scope.cancel("between")  # after the connect, before the new socket registers
+        return sock
+
+    monkeypatch.setattr(wirecut.http._socket_hold, "connect_tcp", connect_then_cancel)
+    backend = ScopedNetworkBackend()
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        with bind_scope(scope), pytest.raises(Interrupted):
+            backend.connect_tcp("127.0.0.1", listener.getsockname()[1])
+    # Neither the new socket nor the connect's wakeup is left registered (or open).
+    assert_quiet(scope)
+
+
 def test_a_direct_backend_connect_under_a_cancelled_scope_connects_nowhere() -> None:
     scope = InterruptScope("t")
     scope.cancel("early")

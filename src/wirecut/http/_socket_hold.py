@@ -106,7 +106,10 @@ class SocketHold:
         try:
             self.hold(sock)
         except BaseException:
-            sock.close()  # Cancelled right after the connect: cut on entry, ours to close.
+            # Cancelled right after the connect: the new socket was cut on
+            # entry and is ours to close, and the wakeup is still held.
+            self.release()
+            sock.close()
             raise
         return sock
 
