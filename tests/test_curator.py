@@ -21,7 +21,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
 import wirecut.scope as ws
@@ -553,7 +553,11 @@ def test_a_cut_at_any_moment_leaves_the_store_exactly_as_it_was(
     outcomes: list[tuple[str, bool]] = []
     pool = ThreadPoolExecutor(2)
 
-    @settings(max_examples=60, deadline=None, database=None)
+    # No shrinking: each example is a real run with bounded waits, and a
+    # failing one must fail the test, not be replayed for minutes.
+    @settings(
+        max_examples=60, deadline=None, database=None, phases=[Phase.explicit, Phase.generate]
+    )
     @given(cut=CUTS)
     @example(cut=("event", 1.0))
     @example(cut=("event", 8.0))
