@@ -57,7 +57,6 @@ from wirecut.console.runner import (
     CommandRecord,
     CommandRunner,
     RunningCommand,
-    WorkerPool,
     route_stdio,
 )
 
@@ -68,7 +67,6 @@ __all__ = [
     "HostIdentity",
     "NodeWarden",
     "process_start_ticks",
-    "warm",
 ]
 
 _log = logging.getLogger("wirecut.cluster")
@@ -289,7 +287,6 @@ class CommandHost:
         )
         self._loop_thread.start()
         asyncio.run_coroutine_threadsafe(_start(self._runner), self._loop).result(10)
-        warm(self._runner.pool, config.slots)
         # print() in a command reaches that command's output, as in `wirecut serve`.
         self._stdio = route_stdio()
         self._stdio.__enter__()
@@ -519,34 +516,6 @@ class CommandHost:
         stale = [j for j, at in self._tombstones.items() if now - at > TOMBSTONE_SECONDS]
         for job_id in stale:
             del self._tombstones[job_id]
-
-
-def warm(pool: WorkerPool, threads: int) -> None:
-    """Start the pool's ``threads`` threads now, one at a time.
-
-    ``WorkerPool.submit`` starts a thread only when none is idle at that
-    instant, so a burst that arrives while one thread is idle queues behind
-    it (measured: 15 of 16 commands waited for 1 thread). Once every thread
-    exists, each submit wakes an idle one, so starting them all here, each
-    while the earlier ones are held busy, is enough for the host's life.
-    """
-    releases = []
-    try:
-        for _ in range(threads):
-            started, release = threading.Event(), threading.Event()
-
-            def hold(
-                started: threading.Event = started, release: threading.Event = release
-            ) -> None:
-                started.set()
-                release.wait(30)
-
-            pool.submit(hold)
-            releases.append(release)
-            started.wait(5)
-    finally:
-        for release in releases:
-            release.set()
 
 
 async def _start(runner: CommandRunner) -> None:

@@ -49,7 +49,7 @@ import ray
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from wirecut.console.cluster._host import HostConfig, warm
+from wirecut.console.cluster._host import HostConfig
 from wirecut.console.cluster._pool import KILL_CONFIRM, Host, HostPool
 from wirecut.console.cluster._remote import Outcome, RemoteJob, facts
 from wirecut.console.cluster._split import SplitCommands
@@ -239,7 +239,6 @@ class ClusterRunner:
         """Bind to the running loop and start the hosts (call from the loop, before submit)."""
         self._loop = asyncio.get_running_loop()
         self.local.start()
-        warm(self.local.pool, self.local.pool.workers)
         self.pool.start()
 
     def new_id(self) -> str:
