@@ -38,9 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,6 +51,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from _console import ConsoleClient
+from _procs import Process, percentile
 from _ray_cluster import WORKER_IP, RayCluster
 
 CONCURRENCY = (1, 16, 64)
@@ -62,42 +61,6 @@ WINDOW = 5.0
 PREFILL_MS = 8000
 #: ``max_tokens`` of the baselines' requests: they end by themselves after ~3 s.
 BASELINE_MAX_TOKENS = 150
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
-
-
-class Process:
-    """A ``wirecut`` subcommand whose first stdout line names its URL."""
-
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "wirecut", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"wirecut {' '.join(args)} exited: {self.proc.wait()}")
-        self.url = line.strip().split(": ", 1)[1].split(" ")[0]
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(60)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            assert self.proc.stdout is not None
-            self.proc.stdout.close()
 
 
 class Sim:

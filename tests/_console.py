@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 from websockets.sync.client import ClientConnection, connect
 
 from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
@@ -145,3 +146,23 @@ class ConsoleClient:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def health(server: ConsoleServer) -> dict[str, Any]:
+    """``/api/health`` of ``server``, with its token."""
+    response = httpx.get(server.url + "api/health", params={"token": server.token})
+    response.raise_for_status()
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def wait_health(
+    server: ConsoleServer, match: Callable[[dict[str, Any]], bool], timeout: float = 15
+) -> dict[str, Any]:
+    """Poll ``/api/health`` until ``match(health)`` (bounded): the server has no push for it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        current = health(server)
+        if match(current) or time.monotonic() > deadline:
+            return current
+        time.sleep(0.02)

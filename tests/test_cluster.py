@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 import pytest
 
-from _console import ConsoleClient
+from _console import ConsoleClient, wait_health
 from _ray_cluster import WORKER_IP, RayCluster, ray_missing
 
 _missing = ray_missing()
@@ -162,23 +162,6 @@ def assert_remote_cut(complete: Frame, reason: str, node: str, status: str = "ca
     assert steps[0] == "cancel_requested"
     assert "host_cancelled" in steps
     assert "worker_exited" in steps
-
-
-def health(server: ConsoleServer) -> dict[str, Any]:
-    response = httpx.get(server.url + "api/health", params={"token": server.token})
-    response.raise_for_status()
-    result: dict[str, Any] = response.json()
-    return result
-
-
-def wait_health(server: ConsoleServer, match: Any, timeout: float = 15) -> dict[str, Any]:
-    """Poll /api/health until ``match(health)`` (bounded): remote counts arrive with each renew."""
-    deadline = time.monotonic() + timeout
-    while True:
-        current = health(server)
-        if match(current) or time.monotonic() > deadline:
-            return current
-        time.sleep(0.05)
 
 
 def metric(server: ConsoleServer, pattern: str) -> float:

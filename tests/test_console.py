@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from _console import Console, ConsoleClient, running_console
+from _console import Console, ConsoleClient, health, running_console, wait_health
 from wirecut.console.commands import CommandContext, command
 from wirecut.console.runner import route_stdio
 from wirecut.memory import NoteStore
@@ -71,24 +70,6 @@ def _orphan(ctx: CommandContext, args: list[str]) -> None:
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-def health(console: Console) -> dict[str, Any]:
-    url = console.server.url + "api/health"
-    response = httpx.get(url, headers={"Authorization": f"Bearer {console.server.token}"})
-    response.raise_for_status()
-    result: dict[str, Any] = response.json()
-    return result
-
-
-def wait_health(console: Console, match: Any, timeout: float = 10) -> dict[str, Any]:
-    """Poll /api/health until ``match(health)`` (bounded): the server has no push for it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        current = health(console)
-        if match(current) or time.monotonic() > deadline:
-            return current
-        time.sleep(0.02)
 
 
 def sim_requests(console: Console) -> int:
@@ -169,13 +150,15 @@ def test_an_aborted_connection_cancels_its_commands(console: Console) -> None:
     id = c.run("chat a long one please")
     c.wait_output(id)
     c.run("sleep 30")
-    assert health(console)["workers"]["busy"] == 2
+    assert health(console.server)["workers"]["busy"] == 2
     # No close handshake: the TCP connection just ends.
     c.ws.socket.shutdown(socket.SHUT_RDWR)
     c.close()
 
     console.sim.wait_for_event("peer_closed", since=since)
-    idle = wait_health(console, lambda h: h["workers"]["busy"] == 0 and h["requests"]["open"] == 0)
+    idle = wait_health(
+        console.server, lambda h: h["workers"]["busy"] == 0 and h["requests"]["open"] == 0
+    )
     assert idle["workers"] == {"max": 4, "busy": 0, "queued": 0, "leaked": 0}
     assert idle["requests"]["open"] == 0
     metrics = httpx.get(
@@ -241,11 +224,11 @@ def test_a_worker_that_ignores_the_cut_is_reported_leaked_and_replaced(tmp_path:
             c.wait_output(id)
             c.cancel(id)
             complete = c.complete(id)
-            leaked = health(running)
+            leaked = health(running.server)
             # The pool still has its one worker for new commands.
             after = c.complete(c.run("sleep 0"))
             _stubborn_release.set()
-            released = wait_health(running, lambda h: h["workers"]["leaked"] == 0)
+            released = wait_health(running.server, lambda h: h["workers"]["leaked"] == 0)
             c.complete(c.run("sleep 0"))  # a sequence point after the late write
             metrics = httpx.get(
                 running.server.url + "metrics", params={"token": running.server.token}

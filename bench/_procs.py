@@ -1,0 +1,45 @@
+"""What the benchmark scripts share: ``wirecut`` subcommands as processes, and percentiles."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+__all__ = ["Process", "percentile"]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+class Process:
+    """A ``wirecut`` subcommand whose first stdout line names its URL."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "wirecut", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"wirecut {' '.join(args)} exited: {self.proc.wait()}")
+        self.url = line.strip().split(": ", 1)[1].split(" ")[0]
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            assert self.proc.stdout is not None
+            self.proc.stdout.close()
