@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 from websockets.sync.client import ClientConnection, connect
 
+from wirecut.console.commands import CommandSet
 from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
 from wirecut.simulator import SimConfig, SimulatorServer
 
@@ -47,14 +48,18 @@ def running_console(
     *,
     sim: SimConfig | None = None,
     responder: Any = None,
+    commands: CommandSet | None = None,
     **config: Any,
 ) -> Iterator[Console]:
-    """A console (port 0, data in ``tmp_path``) over a fresh simulator."""
+    """A console (port 0, data in ``tmp_path``) over a fresh simulator.
+
+    ``commands``: the console's command set (default: the built-in commands).
+    """
     sim_config = sim or SimConfig(slots=4, tokens_per_second=200, prompt_ms=5, endless=True)
     with SimulatorServer(sim_config, responder=responder) as simulator:
         provider = Provider(simulator.base_url, None, "simulator (tests)")
         console_config = ConsoleConfig(port=0, data_dir=tmp_path, **config)
-        with ConsoleServer(console_config, provider) as server:
+        with ConsoleServer(console_config, provider, commands=commands) as server:
             yield Console(server, simulator, tmp_path)
 
 

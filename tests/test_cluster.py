@@ -44,6 +44,7 @@ if _missing is not None:
 import ray  # noqa: E402
 
 from wirecut.console.cluster import NAMESPACE, ClusterRunner, ProviderSpec, placement  # noqa: E402
+from wirecut.console.runner import RunnerLimits  # noqa: E402
 from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider  # noqa: E402
 from wirecut.memory import NoteStore  # noqa: E402
 from wirecut.simulator import SimConfig, SimulatorServer  # noqa: E402
@@ -112,9 +113,9 @@ def cluster_console(
         return ClusterRunner(
             services,
             ProviderSpec(sim.base_url),
-            workers=workers,
-            unwind_timeout=unwind_timeout,
-            escalate_after=escalate_after,
+            limits=RunnerLimits(
+                workers=workers, unwind_timeout=unwind_timeout, escalate_after=escalate_after
+            ),
             observer=metrics,
             registry=metrics.registry,
             nodes=nodes,

@@ -23,7 +23,14 @@ from typing import Any, cast
 
 import pytest
 
-from wirecut.console.commands import CommandContext, Session, Stream, UsageError, _probe, _registry
+from wirecut.console.commands import (
+    CommandContext,
+    Session,
+    Stream,
+    UsageError,
+    _probe,
+    builtin_commands,
+)
 from wirecut.console.commands._probe import POINTS, FullListener, ProbeServer, probe
 from wirecut.provider import Usage
 from wirecut.scope import Interrupted, InterruptScope, TimelineEvent
@@ -360,9 +367,9 @@ def test_anything_but_one_known_point_is_a_usage_error_naming_the_points(
     assert servers == []
 
 
-def test_probe_is_registered_with_every_point_in_its_usage() -> None:
-    registered = _registry._registry["probe"]
-    assert registered.fn is probe
+def test_probe_is_a_builtin_command_with_every_point_in_its_usage() -> None:
+    registered = builtin_commands()["probe"]
+    assert registered is probe
     assert registered.usage == "probe " + "|".join(POINTS)
     assert set(POINTS) == {
         "connect",

@@ -1050,6 +1050,59 @@ def test_escalation_stops_a_pure_python_loop() -> None:
     assert events(scope) == ["cancel_requested", "escalated"]
 
 
+def test_escalation_passes_a_commit_section_by_and_the_scope_is_committed() -> None:
+    clock = MockClock()
+    parent = InterruptScope(clock=clock)
+    scope = parent.child("turn")
+    inside = threading.Event()
+    release = threading.Event()
+
+    def commit() -> str:
+        with scope.committing():
+            inside.set()
+            while not release.is_set():  # pure Python: an escalation would land here
+                pass
+        return "committed"
+
+    future = scope.spawn(commit)
+    assert inside.wait(BOUND)
+    parent.cancel("user", escalate_after=0.5)
+    clock.jump(0.5)  # the escalation is due while the section runs
+    release.set()
+    assert future.result(BOUND) == "committed"
+    assert scope.committed
+    assert parent.committed  # the effect is the whole command's
+    assert parent.cancelled  # the cancel was recorded all the same
+    assert "escalated" not in events(parent)
+
+
+def test_a_commit_section_of_a_cancelled_scope_raises_without_running() -> None:
+    scope = InterruptScope()
+    scope.cancel("user")
+    ran: list[int] = []
+    with pytest.raises(Interrupted), scope.committing():
+        ran.append(1)
+    assert ran == []
+    assert not scope.committed
+
+
+def test_a_commit_section_that_fails_commits_nothing() -> None:
+    scope = InterruptScope()
+    with pytest.raises(ValueError, match="disk full"), scope.committing():
+        raise ValueError("disk full")
+    assert not scope.committed
+    with scope.committing():
+        pass
+    assert scope.committed
+
+
+def test_committing_with_no_scope_bound_just_runs_the_block() -> None:
+    ran: list[int] = []
+    with ws.committing():
+        ran.append(1)
+    assert ran == [1]
+
+
 def test_escalation_on_the_system_clock() -> None:
     scope = InterruptScope()
     running = threading.Event()

@@ -187,14 +187,7 @@ def _serve_on_ray(address: str, config: ConsoleConfig, provider: Provider) -> in
 
     def make_runner(services: Services, metrics: ConsoleMetrics) -> ClusterRunner:
         return ClusterRunner(
-            services,
-            spec,
-            workers=config.workers,
-            command_timeout=config.command_timeout,
-            unwind_timeout=config.unwind_timeout,
-            escalate_after=config.escalate_after,
-            observer=metrics,
-            registry=metrics.registry,
+            services, spec, limits=config.limits, observer=metrics, registry=metrics.registry
         )
 
     where = "a local Ray cluster" if started else f"the Ray cluster at {address}"

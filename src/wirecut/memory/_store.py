@@ -8,8 +8,10 @@ applies the missing ones in one transaction (opening it again applies none).
 Each call opens its own connection and closes it before returning, in the
 calling thread: no connection is shared between threads, and none is left
 open for a cancel to interrupt half-way. A write is one ``BEGIN IMMEDIATE``
-transaction that ends with a check of the bound scope: a cut (or any error)
-before the commit rolls it back, so the file is left exactly as it was.
+transaction whose ``COMMIT`` is the bound scope's commit section
+(``committing()``): a cut (or any error) before it rolls the write back, so
+the file is left exactly as it was; once it passed, the write stands and the
+scope is ``committed``.
 """
 
 from __future__ import annotations
@@ -67,8 +69,10 @@ class NoteStore:
     the cause) when the file cannot be opened, read or written, including a
     file whose schema is newer than this code.
 
-    Cancellation: a write checks the bound scope just before it commits; a
-    cancel up to that point rolls the write back and raises ``Interrupted``.
+    Cancellation: a write's ``COMMIT`` runs in the bound scope's commit
+    section; a cancel before it rolls the write back and raises
+    ``Interrupted``, a cancel after it came too late (the scope is
+    ``committed``, and the console reports the command ``ok``).
     Reads are not cut (they are short).
     """
 
@@ -116,8 +120,10 @@ class NoteStore:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
-                ws.check()
-                conn.execute("COMMIT")
+                # The point of no return: a cancel from here on comes too late
+                # to undo the write, and the command reports it done.
+                with ws.committing():
+                    conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
                     with contextlib.suppress(sqlite3.Error):

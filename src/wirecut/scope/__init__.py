@@ -19,6 +19,7 @@ from wirecut.scope._binding import (
     NullRegistration,
     bind_scope,
     check,
+    committing,
     current_scope,
     register,
     register_process,
@@ -29,7 +30,7 @@ from wirecut.scope._binding import (
 from wirecut.scope._cuttables import Interruptible, cut_socket
 from wirecut.scope._errors import Interrupted
 from wirecut.scope._interrupt_scope import InterruptScope, ScopeState
-from wirecut.scope._process import ScopedPopen, kill_process_group
+from wirecut.scope._process import ProcStat, ScopedPopen, kill_process_group, proc_stat
 from wirecut.scope._registration import Registration
 from wirecut.scope._threads import ScopeExecutor
 from wirecut.scope._timeline import TimelineEvent
@@ -42,6 +43,7 @@ __all__ = [
     "Interruptible",
     "MockClock",
     "NullRegistration",
+    "ProcStat",
     "Registration",
     "ScopeExecutor",
     "ScopeState",
@@ -49,9 +51,11 @@ __all__ = [
     "TimelineEvent",
     "bind_scope",
     "check",
+    "committing",
     "current_scope",
     "cut_socket",
     "kill_process_group",
+    "proc_stat",
     "register",
     "register_process",
     "register_socket",

@@ -70,6 +70,9 @@ class ProcStat(NamedTuple):
     state: str  # one letter: R running, S sleeping, D disk, Z zombie, T stopped ...
     ppid: int
     pgid: int
+    #: When it started, in clock ticks since boot (a reused pid has another);
+    #: None where the record is too short to say.
+    start_ticks: int | None = None
 
     @property
     def alive(self) -> bool:
@@ -82,7 +85,8 @@ def parse_stat(pid: int, text: str) -> ProcStat:
     # The command name is in parentheses and may itself hold spaces and ")":
     # the fields start after the last ")".
     fields = text[text.rindex(")") + 2 :].split()
-    return ProcStat(pid, fields[0], int(fields[1]), int(fields[2]))
+    start = int(fields[19]) if len(fields) > 19 else None
+    return ProcStat(pid, fields[0], int(fields[1]), int(fields[2]), start)
 
 
 def proc_stat(pid: int) -> ProcStat | None:

@@ -1,12 +1,13 @@
 """What a console command gets: its ``CommandContext``, and the errors it may raise.
 
-A command is a plain function ``fn(ctx, args) -> None`` registered in the
-command registry (``_registry``). The runner calls it on a worker thread with
-the command's ``InterruptScope`` bound, so everything it starts (a provider
-request through ``wirecut.provider``, a ``scope.popen()`` process, a
-``scope.spawn()`` thread, an agent turn) registers with that scope and a
-cancel cuts it. ``print()`` inside a command reaches the command's own
-``stdout`` output; ``ctx.write()`` and ``ctx.token()`` say which stream.
+A command is a plain function ``fn(ctx, args) -> None`` made a ``Command``
+value (``_registry``) and given to a runner in its ``CommandSet``. The runner
+calls it on a worker thread with the command's ``InterruptScope`` bound, so
+everything it starts (a provider request through ``wirecut.provider``, a
+``scope.popen()`` process, a ``scope.spawn()`` thread, an agent turn)
+registers with that scope and a cancel cuts it. ``print()`` inside a command
+reaches the command's own ``stdout`` output; ``ctx.write()`` and
+``ctx.token()`` say which stream.
 
 Errors (the tree)::
 
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from wirecut.scope import InterruptScope
 
 if TYPE_CHECKING:
+    from wirecut.console.commands._registry import CommandSet
     from wirecut.memory import NoteStore
     from wirecut.provider import ChatClient, Usage
 
@@ -77,7 +79,7 @@ class Services:
 
 
 class CommandContext:
-    """One running command: its id, line, scope, output, session and services.
+    """One running command: its id, line, scope, output, session, services and command set.
 
     Used from the command's worker thread (and from threads it started through
     the scope). ``write``, ``token`` and ``add_usage`` are safe from any of
@@ -95,12 +97,19 @@ class CommandContext:
         output: Callable[[Stream, str], None],
         confirm: Callable[[str], bool],
         add_usage: Callable[[Usage], None],
+        commands: CommandSet | None = None,
     ) -> None:
         self.id = id
         self.line = line
         self.scope = scope
         self.session = session
         self.services = services
+        if commands is None:
+            from wirecut.console.commands._builtins import builtin_commands
+
+            commands = builtin_commands()
+        #: The commands of the runner that runs this one (``help`` lists them).
+        self.commands = commands
         self._output = output
         self._confirm = confirm
         self._add_usage = add_usage

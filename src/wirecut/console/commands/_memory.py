@@ -26,7 +26,14 @@ from wirecut.memory import (
     format_notes,
 )
 
-__all__ = ["curator_run", "curator_status", "memory_add", "memory_list", "memory_show"]
+__all__ = [
+    "MEMORY_COMMANDS",
+    "curator_run",
+    "curator_status",
+    "memory_add",
+    "memory_list",
+    "memory_show",
+]
 
 ADD_USAGE = "memory add TITLE -- BODY"
 LIST_USAGE = "memory list"
@@ -212,3 +219,7 @@ def _days(option: str, value: str | None) -> timedelta:
             f"{option} must be a number of days in (0, {MAX_DAYS}], not {value!r}", RUN_USAGE
         )
     return timedelta(days=days)
+
+
+#: The note store's commands, for the console's command set.
+MEMORY_COMMANDS = (memory_add, memory_list, memory_show, curator_status, curator_run)

@@ -19,7 +19,7 @@ from starlette.websockets import WebSocket
 
 from wirecut import __version__
 from wirecut.console.commands import Session, Stream
-from wirecut.console.runner import CommandRecord, CommandState, Runner
+from wirecut.console.runner import CommandRecord, CommandState, CompleteFacts, Runner
 from wirecut.console.server._frames import Cancel, Confirm, FrameError, Ping, Run, parse_frame
 
 __all__ = ["MAX_LIVE_COMMANDS", "PROMPT", "Connection"]
@@ -139,10 +139,10 @@ class Connection:
     def confirm_required(self, command: CommandRecord, message: str) -> None:
         self.send({"type": "confirm_required", "id": command.id, "message": message})
 
-    def complete(self, command: CommandRecord, facts: dict[str, Any]) -> None:
+    def complete(self, command: CommandRecord, facts: CompleteFacts) -> None:
         if self._commands.get(command.id) is command:
             del self._commands[command.id]
-        self.send({"type": "complete", "id": command.id, **facts})
+        self.send({"type": "complete", "id": command.id, **facts.to_wire()})
 
     # -- frames out ----------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from wirecut.console.runner import Runner
+from wirecut.console.runner import CompleteFacts, Runner
 
 __all__ = ["CONTENT_TYPE", "ConsoleMetrics"]
 
@@ -64,16 +64,15 @@ class ConsoleMetrics:
 
     # -- RunnerObserver -------------------------------------------------------------
 
-    def completed(self, facts: dict[str, Any], cancel_to_complete_ms: float | None) -> None:
-        self.commands.labels(facts["status"], facts["reason"] or "none").inc()
-        lifecycle = facts["lifecycle"]
+    def completed(self, facts: CompleteFacts, cancel_to_complete_ms: float | None) -> None:
+        self.commands.labels(str(facts.status), facts.reason or "none").inc()
+        lifecycle = facts.lifecycle
         if cancel_to_complete_ms is not None:
             self.cancel_to_complete.observe(max(0.0, cancel_to_complete_ms))
-        for step in lifecycle.get("timeline") or ():
-            if step["event"] == "sockets_shut":
-                self.cancel_to_provider_close.observe(step["ms"])
-                break
-        if lifecycle["worker_exited"] is False:
+        shut = lifecycle.step_ms("sockets_shut")
+        if shut is not None:
+            self.cancel_to_provider_close.observe(shut)
+        if lifecycle.worker_exited is False:
             self.leaked_total.inc()
 
     def output_dropped(self, characters: int) -> None:

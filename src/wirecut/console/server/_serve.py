@@ -30,8 +30,8 @@ from typing import Any
 
 import uvicorn
 
-from wirecut.console.commands import Services
-from wirecut.console.runner import CommandRunner, Runner
+from wirecut.console.commands import CommandSet, Services
+from wirecut.console.runner import CommandRunner, Runner, RunnerLimits
 from wirecut.console.server._app import ConsoleState, create_app
 from wirecut.console.server._metrics import ConsoleMetrics
 
@@ -73,6 +73,16 @@ class ConsoleConfig:
     api_key: str | None = None
     #: max_tokens of one chat reply.
     max_tokens: int = 256
+
+    @property
+    def limits(self) -> RunnerLimits:
+        """The runner's bounds from these options."""
+        return RunnerLimits(
+            workers=self.workers,
+            command_timeout=self.command_timeout,
+            unwind_timeout=self.unwind_timeout,
+            escalate_after=self.escalate_after,
+        )
 
 
 class ProviderUnavailable(Exception):
@@ -127,11 +137,16 @@ def resolve_provider(
 
 
 def build_state(
-    config: ConsoleConfig, provider: Provider, *, runner: RunnerFactory | None = None
+    config: ConsoleConfig,
+    provider: Provider,
+    *,
+    runner: RunnerFactory | None = None,
+    commands: CommandSet | None = None,
 ) -> ConsoleState:
     """The runner, services and metrics of one console over ``provider``.
 
-    ``runner`` makes the runner (default: a ``CommandRunner`` per ``config``).
+    ``runner`` makes the runner (default: a ``CommandRunner`` per ``config``,
+    accepting ``commands``, by default the built-in ones).
     """
     from wirecut.memory import NoteStore
     from wirecut.provider import ChatClient
@@ -147,14 +162,7 @@ def build_state(
     metrics = ConsoleMetrics()
     made: Runner
     if runner is None:
-        made = CommandRunner(
-            services,
-            workers=config.workers,
-            command_timeout=config.command_timeout,
-            unwind_timeout=config.unwind_timeout,
-            escalate_after=config.escalate_after,
-            observer=metrics,
-        )
+        made = CommandRunner(services, commands=commands, limits=config.limits, observer=metrics)
     else:
         made = runner(services, metrics)
     metrics.attach(made)
@@ -231,11 +239,16 @@ class ConsoleServer:
     """
 
     def __init__(
-        self, config: ConsoleConfig, provider: Provider, *, runner: RunnerFactory | None = None
+        self,
+        config: ConsoleConfig,
+        provider: Provider,
+        *,
+        runner: RunnerFactory | None = None,
+        commands: CommandSet | None = None,
     ) -> None:
         self.config = config
         self.provider = provider
-        self.state = build_state(config, provider, runner=runner)
+        self.state = build_state(config, provider, runner=runner, commands=commands)
         self._address: tuple[str, int] | None = None
         self._listening = threading.Event()
         self._server = _ConsoleUvicorn(
