@@ -29,6 +29,7 @@ from wirecut.scope import (
     ScopedPopen,
     ScopeState,
     TimelineEvent,
+    _cuttables,
     bind_scope,
     current_scope,
     cut_socket,
@@ -370,7 +371,17 @@ def test_with_scope_left_in_another_thread_is_a_clear_error() -> None:
 # -- sockets ------------------------------------------------------------------------
 
 
-def test_cut_socket_wakes_blocked_recv_and_peer_sees_eof() -> None:
+@pytest.fixture(params=["gil-held", "socket-method"])
+def shutdown_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways ``cut_socket`` can shut a socket: libc's shutdown(2) holding the GIL, or not."""
+    if request.param == "socket-method":
+        monkeypatch.setattr(_cuttables, "_shutdown", None)
+    else:
+        assert _cuttables._shutdown is not None  # libc's shutdown loads on this platform
+    return str(request.param)
+
+
+def test_cut_socket_wakes_blocked_recv_and_peer_sees_eof(shutdown_path: str) -> None:
     scope = InterruptScope()
     started = threading.Event()
     with socket_pair() as (a, b):
@@ -390,7 +401,7 @@ def test_cut_socket_wakes_blocked_recv_and_peer_sees_eof() -> None:
     assert scope.wait_quiescent(BOUND)
 
 
-def test_cut_socket_says_whether_it_shut_a_socket() -> None:
+def test_cut_socket_says_whether_it_shut_a_socket(shutdown_path: str) -> None:
     with socket_pair() as (a, b):
         assert cut_socket(a) is True
         b.settimeout(BOUND)
