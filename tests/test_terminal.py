@@ -241,12 +241,21 @@ def test_ctrl_c_cancels_a_running_sleep_and_the_server_frees_its_worker(
     assert finish(child) == 0
 
 
-@pytest.mark.parametrize("typed", ["in-one-write", "right-after"])
+@pytest.mark.parametrize("typed", ["in-one-write", "right-after", "no-cursor-report"])
 def test_ctrl_c_pressed_right_after_enter_cancels(
-    console: Console, spawn: Spawner, typed: str
+    console: Console, spawn: Spawner, client_env: dict[str, str], typed: str
 ) -> None:
-    """No wait for anything between the Enter and the Ctrl+C: the key is never lost."""
-    child = spawn(console.server.url + f"?token={console.server.token}")
+    """No wait for anything between the Enter and the Ctrl+C: the key is never lost.
+
+    "no-cursor-report": a terminal that does not answer prompt_toolkit's cursor
+    position request (as pexpect does not), so after the Enter the prompt waits
+    up to a second for the answer, reading keys meanwhile; a Ctrl+C then was
+    kept as typeahead for the next prompt and the command ran on.
+    """
+    env = dict(client_env)
+    if typed == "no-cursor-report":
+        del env["PROMPT_TOOLKIT_NO_CPR"]
+    child = spawn(console.server.url + f"?token={console.server.token}", env=env)
     child.delaybeforesend = None  # pexpect waits 50 ms before each send by default
     seen = _record(child)
     child.expect(PROMPT)
@@ -443,6 +452,41 @@ def test_an_error_or_warning_from_the_server_is_made_visible() -> None:
     assert all(shown in written for shown in SHOWN)
     assert "\x1b]" not in written
     assert "\x1b[2J" not in written
+
+
+def _two_umbrellas(body: dict[str, Any]) -> dict[str, Any]:
+    plan = {
+        "umbrellas": [
+            {"title": "Trips", "summary": "Both trips.", "note_ids": [1, 2]},
+            {"title": "Food", "summary": "Both recipes.", "note_ids": [3, 4]},
+        ]
+    }
+    return {"content": json.dumps(plan)}
+
+
+def test_a_multi_line_confirmation_is_printed_as_it_is_then_asked(
+    tmp_path: Path, spawn: Spawner
+) -> None:
+    with running_console(server_dir(tmp_path), responder=_two_umbrellas) as console:
+        store = NoteStore.in_data_dir(console.data_dir)
+        for title in ("Lyon", "Paris", "Bread", "Soup"):
+            store.add(title, "body")
+        child = spawn(console.server.url + f"?token={console.server.token}")
+        child.expect(PROMPT)
+        child.sendline("curator run --consolidate")
+        # Each line of the message on a line of its own, its indentation kept,
+        # and the y/N question only under the last one.
+        child.expect(r"curator run will:\r\n")
+        child.expect(r"^  merge #1 'Lyon', #2 'Paris' into a new note 'Trips'\r\n")
+        child.expect(r"^  merge #3 'Bread', #4 'Soup' into a new note 'Food'\r\n")
+        child.expect(r"go ahead\?" + _ANSI + r" \[y/N\]")
+        assert "merge" not in (child.before or "")
+        child.sendline("y")
+        child.expect("done:")
+        child.expect(PROMPT)
+        assert sum(note.state.value == "archived" for note in store.notes()) == 4
+        child.sendeof()
+        assert finish(child) == 0
 
 
 # -- -c: one line, for scripts -------------------------------------------------------------

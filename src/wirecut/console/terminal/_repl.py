@@ -9,11 +9,14 @@ first says how to leave and a second one leaves, as does Ctrl+D.
 While a command runs the REPL keeps reading the terminal itself
 (``CommandKeys``: raw mode, the same input prompt_toolkit uses), so Ctrl+C is
 a key it sees at once, never a byte that falls between two terminal modes.
-A Ctrl+C typed in the same breath as the Enter (prompt_toolkit keeps what
-follows the Enter as typeahead) or in the instant the terminal was back in
-cooked mode (a SIGINT then) is held by the session until the command's id is
-known, and then cancels it. Other keys typed while a command runs are kept
-for the next prompt, as a shell keeps typeahead.
+A Ctrl+C typed in the same breath as the Enter, or during the up to one
+second that prompt_toolkit then waits for the terminal's answer to its cursor
+position request (a terminal that never answers: it reads keys meanwhile and
+keeps them as typeahead, so they used to wait for the *next* prompt), or in
+the instant the terminal was back in cooked mode (a SIGINT then) is held by
+the session until the command's id is known, and then cancels it. Other
+keys typed while a command runs are kept for the next prompt, as a shell
+keeps typeahead.
 
 Event loop only: the prompt runs on the loop that owns the link
 (``prompt_async``); SIGINT is handled by the caller's loop handler, never by
