@@ -28,6 +28,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
 from wirecut.console.runner import Runner, route_stdio
+from wirecut.console.server._catalog import catalog
 from wirecut.console.server._connection import Connection
 from wirecut.console.server._metrics import CONTENT_TYPE, ConsoleMetrics
 
@@ -110,6 +111,11 @@ def create_app(state: ConsoleState) -> Starlette:
             return JSONResponse({"error": "a valid token is required"}, status_code=401)
         return JSONResponse(state.runner.health())
 
+    async def commands(request: Request) -> Response:
+        if not state.authorized(request):
+            return JSONResponse({"error": "a valid token is required"}, status_code=401)
+        return JSONResponse(catalog())
+
     async def metrics(request: Request) -> Response:
         if not state.authorized(request):
             return JSONResponse({"error": "a valid token is required"}, status_code=401)
@@ -130,6 +136,7 @@ def create_app(state: ConsoleState) -> Starlette:
         routes=[
             Route("/", page),
             Route("/api/health", health),
+            Route("/api/commands", commands),
             Route("/metrics", metrics),
             WebSocketRoute("/api/console", console),
             Mount("/static", StaticFiles(directory=str(_STATIC)), name="static"),
