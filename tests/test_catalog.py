@@ -9,15 +9,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-from tests._console import running_console
 
-from wirecut.console.commands import commands
+from _console import running_console
+from wirecut.console.commands import CommandContext, builtin_commands, command
 from wirecut.console.server._catalog import TIMELINE_EVENTS, catalog
 from wirecut.scope import TimelineEvent
 
 
-def test_api_commands_lists_the_registry_and_the_timeline_labels(tmp_path: Path) -> None:
-    with running_console(tmp_path) as console:
+@command("test-extra", usage="test-extra", summary="(tests) a command of this console only")
+def _extra(ctx: CommandContext, args: list[str]) -> None:
+    pass
+
+
+def test_api_commands_lists_the_consoles_commands_and_the_timeline_labels(
+    tmp_path: Path,
+) -> None:
+    commands = builtin_commands().plus(_extra)
+    with running_console(tmp_path, commands=commands) as console:
         url = console.server.url + "api/commands"
         token = str(console.server.token)
         assert httpx.get(url).status_code == 401
@@ -29,8 +37,9 @@ def test_api_commands_lists_the_registry_and_the_timeline_labels(tmp_path: Path)
     assert by_header.json() == by_query.json()
     body = by_header.json()
     assert body["commands"] == [
-        {"name": c.name, "usage": c.usage, "summary": c.summary} for c in commands()
+        {"name": c.name, "usage": c.usage, "summary": c.summary} for c in commands
     ]
+    assert "test-extra" in {c["name"] for c in body["commands"]}
     assert {"chat", "curator run", "probe", "sleep"} <= {c["name"] for c in body["commands"]}
     timeline = body["timeline"]
     assert set(timeline) == set(TIMELINE_EVENTS)
@@ -40,7 +49,7 @@ def test_api_commands_lists_the_registry_and_the_timeline_labels(tmp_path: Path)
 
 
 def test_catalog_takes_the_commands_it_is_given() -> None:
-    mine = [c for c in commands() if c.name == "sleep"]
+    mine = [c for c in builtin_commands() if c.name == "sleep"]
     assert catalog(mine)["commands"] == [
         {"name": "sleep", "usage": mine[0].usage, "summary": mine[0].summary}
     ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from wirecut.console.commands import Session, Stream
+from wirecut.console.commands import CommandSet, Session, Stream
 
 if TYPE_CHECKING:
     from wirecut.console.runner._core import Command
@@ -44,6 +44,9 @@ class RunnerObserver(Protocol):
 
 class Runner(Protocol):
     """Runs a server's commands; see ``RunnerCore`` for the semantics every runner keeps."""
+
+    #: The commands it accepts (``help`` and ``/api/commands`` list them).
+    commands: CommandSet
 
     def start(self) -> None:
         """Bind to the running event loop, before the first ``submit``."""

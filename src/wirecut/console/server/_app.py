@@ -114,7 +114,7 @@ def create_app(state: ConsoleState) -> Starlette:
     async def commands(request: Request) -> Response:
         if not state.authorized(request):
             return JSONResponse({"error": "a valid token is required"}, status_code=401)
-        return JSONResponse(catalog())
+        return JSONResponse(catalog(state.runner.commands))
 
     async def metrics(request: Request) -> Response:
         if not state.authorized(request):

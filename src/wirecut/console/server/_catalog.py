@@ -3,17 +3,18 @@
 Clients that offer completion or draw a timeline (the web page) take both from
 here instead of keeping their own copies: a command added to the server, or a
 new timeline event, reaches them without a new client. The answer is built
-from the command registry and the scope's timeline events each time (it is
+from the runner's command set and the scope's timeline events each time (it is
 small), so it says what this server runs. See docs/protocol.md.
 
-Event loop only (a route handler); it reads, never changes, the registry.
+Event loop only (a route handler); it reads, never changes, the command set.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from wirecut.console.commands import Command, commands
+from wirecut.console.commands import Command
 from wirecut.scope import TimelineEvent
 
 __all__ = ["TIMELINE_EVENTS", "catalog"]
@@ -34,13 +35,12 @@ def _label(event: str) -> str:
     return event.replace("_", " ")
 
 
-def catalog(registered: list[Command] | None = None) -> dict[str, Any]:
-    """The ``/api/commands`` body: the commands (sorted by name) and the timeline labels."""
-    found = commands() if registered is None else registered
+def catalog(commands: Iterable[Command]) -> dict[str, Any]:
+    """The ``/api/commands`` body: ``commands`` (in their order) and the timeline labels."""
     return {
         "commands": [
             {"name": command.name, "usage": command.usage, "summary": command.summary}
-            for command in found
+            for command in commands
         ],
         "timeline": {event: _label(event) for event in TIMELINE_EVENTS},
     }
