@@ -479,9 +479,4 @@ class CommandRunner:
 
 def _add_usage(command: RunningCommand, part: Usage) -> None:
     with command.usage_lock:
-        total = command.usage
-        total.prompt_tokens += part.prompt_tokens
-        total.completion_tokens += part.completion_tokens
-        total.total_tokens += part.total_tokens
-        total.requests += part.requests
-        total.estimated = total.estimated or part.estimated
+        command.usage.add(part)  # An unknown count stays unknown (null on the wire).
