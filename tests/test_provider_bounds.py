@@ -25,6 +25,8 @@ from hypothesis import strategies as st
 from _console import ConsoleClient
 from _loopback import Exchange, LoopbackServer
 from wirecut import _json
+from wirecut.agent import http_get_tool
+from wirecut.agent._builtins import MAX_FETCH_BYTES
 from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
 from wirecut.provider import (
     ChatClient,
@@ -275,6 +277,21 @@ def test_a_chat_against_an_endless_line_completes_as_an_error_and_the_console_se
     assert "\n" not in complete["error"]
     assert complete["usage"]["requests"] == 1
     assert complete["lifecycle"]["open_requests"] == 0
+
+
+# -- a page fetched by the http_get tool ------------------------------------------------------
+
+
+def test_http_get_reads_at_most_its_bound_of_a_page_without_end(stop: threading.Event) -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n"
+    with LoopbackServer(lambda ex: send_forever(ex, head, b"y" * 65536, stop)) as server:
+        answer = http_get_tool().call(json.dumps({"url": server.url + "/page"}))
+        assert server.wait_closes(1, BOUND)
+    assert answer.startswith("HTTP 200\n" + "y" * 100)
+    assert answer.endswith(
+        f"the page is longer than {MAX_FETCH_BYTES} bytes; the rest was not read]"
+    )
+    assert len(answer) < MAX_FETCH_BYTES
 
 
 # -- the line splitter ----------------------------------------------------------------------
