@@ -189,3 +189,36 @@ def test_sigkill_of_serve_also_ends_the_embedded_llama_cpp(
             serve.wait()
         assert serve.stdout is not None
         serve.stdout.close()
+
+
+FORK_SCRIPT = r"""
+import os, signal, subprocess
+from wirecut.scope import InterruptScope
+null = subprocess.DEVNULL
+sleeper = InterruptScope("t").popen(["sleep", "3600"], stdin=null, stdout=null, stderr=null)
+r, w = os.pipe()
+child = os.fork()
+if child == 0:
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)  # Let the test read our output to its end.
+    os.dup2(null, 2)
+    os.read(r, 1)  # Never answered (it holds the write end itself): it outlives us.
+    os._exit(0)
+print(sleeper.pid, child, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_forked_child_that_outlives_us_does_not_keep_the_reaper_waiting(
+    leftovers: set[int],
+) -> None:
+    # os.fork() copies every descriptor, the reaper's pipe too: a child that
+    # kept it open would hide our death from the reaper.
+    proc = subprocess.run(
+        [sys.executable, "-c", FORK_SCRIPT], capture_output=True, text=True, timeout=BOUND
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    sleep_pid, forked = map(int, proc.stdout.split())
+    leftovers.update({sleep_pid, forked})
+    assert wait_gone({sleep_pid}) == set()
+    assert alive({forked}) == {forked}  # It still runs, and still holds the pipe's copy.
