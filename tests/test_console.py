@@ -353,7 +353,7 @@ def test_usage_errors_complete_as_errors(console: Console, client: ConsoleClient
         ('chat "unclosed', "cannot parse", False),
         ("", "empty line", False),
         ("memory frobnicate", "unknown memory command", False),
-        ("memory show " + "9" * 120, "there is no note #" + "9" * 120, True),
+        ("memory show " + "9" * 120, "the note id has more than 19 digits", True),
         ("sleep", "usage: sleep SECONDS", True),
         ("sleep forever", "not a number", True),
         ("sleep nan", "finite", True),

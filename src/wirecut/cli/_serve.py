@@ -117,9 +117,8 @@ def serve(
         serve_forever,
     )
 
-    url = (
-        provider_url or os.environ.get("WIRECUT_PROVIDER_URL") or os.environ.get("OPENAI_BASE_URL")
-    )
+    url, source = _provider_url(provider_url)
+    _check_store(data_dir)
     config = ConsoleConfig(
         host=host,
         port=port,
@@ -133,7 +132,7 @@ def serve(
         api_key=api_key or os.environ.get("OPENAI_API_KEY"),
     )
     try:
-        provider = resolve_provider(url, model, data_dir)
+        provider = resolve_provider(url, model, data_dir, source=source)
     except ProviderUnavailable as exc:
         click.echo(f"wirecut serve: {exc}", err=True)
         sys.exit(1)
@@ -141,6 +140,7 @@ def serve(
         click.echo(f"wirecut serve: provider: {provider.label}", err=True)
         if provider.note:
             click.echo(f"wirecut serve: {provider.note}", err=True)
+        _probe_provider(provider.base_url, config.api_key)
         if ray_address is None:
             code = serve_forever(config, provider, echo=click.echo)
         else:
@@ -148,6 +148,46 @@ def serve(
     finally:
         provider.stop()
     sys.exit(code)
+
+
+#: Where ``--provider-url`` comes from, in the order they are looked at.
+PROVIDER_URL_ENV = ("WIRECUT_PROVIDER_URL", "OPENAI_BASE_URL")
+
+
+def _provider_url(flag: str | None) -> tuple[str | None, str | None]:
+    """The provider URL and where it came from; a malformed one is a usage error (exit 2)."""
+    from wirecut.provider import base_url_problem
+
+    given = [("--provider-url", flag), *((name, os.environ.get(name)) for name in PROVIDER_URL_ENV)]
+    for source, url in given:
+        if not url:
+            continue
+        problem = base_url_problem(url)
+        if problem is None:
+            return url, source
+        if source == "--provider-url":
+            raise click.BadParameter(problem, param_hint="--provider-url")
+        raise click.UsageError(f"${source}: {problem}")
+    return None, None
+
+
+def _check_store(data_dir: Path) -> None:
+    """Open the note store before anything starts; a store that cannot serve is one line, exit 1."""
+    from wirecut.memory import NoteStore, StoreError
+
+    try:
+        NoteStore.in_data_dir(data_dir)
+    except StoreError as exc:
+        click.echo(f"wirecut serve: {exc}", err=True)
+        sys.exit(1)
+
+
+def _probe_provider(base_url: str, api_key: str | None) -> None:
+    """Say in one line what answers at ``base_url`` (bounded; serving goes on either way)."""
+    from wirecut.provider import identify_provider
+
+    identity = identify_provider(base_url, api_key=api_key)
+    click.echo(f"wirecut serve: provider check: {identity.line(base_url)}", err=True)
 
 
 def _check_ray(address: str) -> None:

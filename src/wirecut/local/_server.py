@@ -11,7 +11,8 @@ Who may call what: ``start()``, ``stop()`` and ``wait()`` from any thread;
 outlives us: ``stop()`` kills its process group and reaps it (docs/architecture.md, fact
 8), and if this process dies without stopping it, the child notices the end
 of its stdin pipe (and, when started from the main thread on Linux, gets
-``PR_SET_PDEATHSIG``) and exits.
+``PR_SET_PDEATHSIG``) and exits; and the scope's group reaper kills its
+process group.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import wirecut
 from wirecut._paths import default_data_dir
 from wirecut.local._errors import LocalServerError, LocalUnavailable
 from wirecut.local._model import MODEL_NAME, ensure_model, is_available
-from wirecut.scope import kill_process_group
+from wirecut.scope import kill_process_group, unwatch_group, watch_group
 
 __all__ = ["LocalServer", "ServerState"]
 
@@ -199,6 +200,7 @@ class LocalServer:
             self._reaped = True
             atexit.unregister(self.stop)
             _kill_and_reap(proc, self.stop_grace)
+            unwatch_group(proc.pid)
             if self._drain is not None:
                 # It closes stderr itself at EOF, which comes once every
                 # holder of the pipe is gone.
@@ -282,6 +284,9 @@ class LocalServer:
             )
         except OSError as exc:
             raise LocalServerError(f"cannot start the llama.cpp server child: {exc}") from exc
+        # Dies with us even if the stdin watch cannot run (a GIL-holding
+        # model load) and we did not start it from the main thread.
+        watch_group(proc.pid)
         self._proc = proc
         assert proc.stderr is not None
         self._drain = threading.Thread(

@@ -41,6 +41,10 @@ SHOW_USAGE = "memory show ID"
 STATUS_USAGE = "curator status"
 #: The longest threshold ``--stale-days``/``--archive-days`` take (a century).
 MAX_DAYS = 36_500
+#: The shortest: one second (a shorter one would round to no time at all).
+MIN_DAYS = 1 / 86_400
+#: Note ids are SQLite's positive 64-bit integers: at most 19 digits.
+MAX_ID_DIGITS = 19
 RUN_USAGE = (
     "curator run [--consolidate] [--dry-run] [--yes] [--stale-days DAYS] [--archive-days DAYS]"
 )
@@ -92,8 +96,13 @@ def memory_show(ctx: CommandContext, args: list[str]) -> None:
     if len(args) != 1:
         raise _usage("give one note id", SHOW_USAGE)
     word = args[0].removeprefix("#")
-    if not word.isdigit():
-        raise _usage(f"the note id must be a number, not {args[0]!r}", SHOW_USAGE)
+    # isdigit() alone lets "²" and other digits that int() refuses through,
+    # and int() refuses more than 4,300 digits: check both here, at the edge.
+    if not (word.isascii() and word.isdigit()):
+        raise _usage(f"the note id must be a number, not {args[0]!r:.40}", SHOW_USAGE)
+    word = word.lstrip("0") or "0"
+    if len(word) > MAX_ID_DIGITS:
+        raise _usage(f"the note id has more than {MAX_ID_DIGITS} digits", SHOW_USAGE)
     store = ctx.services.store
     try:
         note = store.touch(int(word))
@@ -216,7 +225,13 @@ def _days(option: str, value: str | None) -> timedelta:
         days = math.nan
     if not math.isfinite(days) or not 0 < days <= MAX_DAYS:
         raise _usage(
-            f"{option} must be a number of days in (0, {MAX_DAYS}], not {value!r}", RUN_USAGE
+            f"{option} must be a number of days in (0, {MAX_DAYS}], not {value!r:.40}", RUN_USAGE
+        )
+    if days < MIN_DAYS:
+        # timedelta rounds to microseconds: 1e-300 days would be no time at all.
+        raise _usage(
+            f"{option} must be at least one second ({MIN_DAYS:.3g} days), not {value!r:.40}",
+            RUN_USAGE,
         )
     return timedelta(days=days)
 

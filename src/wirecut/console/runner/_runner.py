@@ -408,9 +408,4 @@ def _ending(command: LocalCommand) -> tuple[Ending, str | None]:
 
 def _add_usage(command: LocalCommand, part: Usage) -> None:
     with command.usage_lock:
-        total = command.usage
-        total.prompt_tokens += part.prompt_tokens
-        total.completion_tokens += part.completion_tokens
-        total.total_tokens += part.total_tokens
-        total.requests += part.requests
-        total.estimated = total.estimated or part.estimated
+        command.usage.add(part)  # An unknown count stays unknown (null on the wire).

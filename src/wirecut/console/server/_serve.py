@@ -101,14 +101,22 @@ class Provider:
 
 
 def resolve_provider(
-    url: str | None, model: str | None, data_dir: Path, *, embedded: str = "auto"
+    url: str | None,
+    model: str | None,
+    data_dir: Path,
+    *,
+    embedded: str = "auto",
+    source: str | None = None,
 ) -> Provider:
     """The provider at ``url``; with none, the embedded llama.cpp if installed, else the simulator.
 
     ``embedded`` is "auto", "local" or "simulator" (which one to start with no URL).
+    ``source`` says where ``url`` came from (``--provider-url``,
+    ``WIRECUT_PROVIDER_URL``, ``OPENAI_BASE_URL``) for the banner.
     """
     if url:
-        return Provider(url.rstrip("/"), model, f"{url.rstrip('/')} (given)")
+        base = url.rstrip("/")
+        return Provider(base, model, f"{base} (from {source or 'the caller'})")
     from wirecut.local import MODEL_NAME, MODEL_NOTE, LocalError, LocalServer, is_available
 
     if embedded == "local" or (embedded == "auto" and is_available()):
