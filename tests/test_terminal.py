@@ -721,6 +721,22 @@ def test_a_worker_that_did_not_exit_is_reported_as_such() -> None:
     assert describe_complete(queued).plain.startswith("cancelled while queued · never started")
 
 
+@pytest.mark.parametrize("verbose", [True, False])
+def test_a_cancel_that_came_too_late_is_said_even_when_quiet(verbose: bool) -> None:
+    out = io.StringIO()
+    err = io.StringIO()
+    renderer = Renderer(
+        RichConsole(file=out, force_terminal=True, no_color=True),
+        RichConsole(file=err, force_terminal=True, no_color=True),
+        verbose=verbose,
+    )
+    renderer.complete({"status": "ok", "reason": None, "late_cancel": "user"}, 3.0)
+    assert "too late: the command had already finished" in err.getvalue()
+    renderer.complete({"status": "ok", "reason": None, "late_cancel": None}, None)
+    assert err.getvalue().count("too late") == 1
+    assert exit_code("ok") == 0  # the exit code follows the status, not the cancel
+
+
 def test_exit_codes_follow_the_status() -> None:
     assert [exit_code(s) for s in ("ok", "error", "timeout", "cancelled", "?")] == [
         0,

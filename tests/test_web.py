@@ -559,6 +559,27 @@ def test_an_error_is_shown_once_in_its_block(page: Page, console: Console) -> No
     assert boxes == [1, 0]
 
 
+def test_an_ok_block_says_when_its_cancel_came_too_late(page: Page, console: Console) -> None:
+    open_console(page, console)
+    texts = page.evaluate(
+        """async () => {
+            const { CommandBlock } = await import("./static/js/block.js");
+            const make = (id, late) => {
+                const hooks = { onCancel() {}, label: (e) => e };
+                const b = new CommandBlock(id, "memory add a -- b", hooks);
+                b.fire("accepted");
+                b.finish({ status: "ok", reason: null, late_cancel: late, elapsed_ms: 2 });
+                const line = b.el.root.querySelector(".late-cancel");
+                return [b.el.badge.dataset.state, line ? line.textContent : null];
+            };
+            return [make("y1", "user"), make("y2", null)];
+        }"""
+    )
+    assert texts[0][0] == texts[1][0] == "ok"  # the badge follows the status
+    assert "came too late" in texts[0][1]
+    assert texts[1][1] is None
+
+
 def test_an_unknown_transition_is_an_error_naming_state_and_event(
     page: Page, console: Console
 ) -> None:

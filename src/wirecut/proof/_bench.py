@@ -292,13 +292,7 @@ def _wirecut_batch(url: str, sim: SimulatorServer, scenario: str, n: int, window
         done = client.completes(ids, COMPLETE_BOUND)
         sides = provider_side(sim, _received_since(sim, since), since, cancelled_at, window)
     leaked = (
-        n
-        - len(done)
-        + sum(
-            1
-            for r in done.values()
-            if (r.frame.get("lifecycle") or {}).get("worker_exited") is not True
-        )
+        n - len(done) + sum(1 for r in done.values() if r.facts.lifecycle.worker_exited is not True)
     )
     return _Batch(cancelled_at, window, [r.at for r in done.values()], sides, leaked)
 

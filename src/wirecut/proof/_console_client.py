@@ -22,6 +22,8 @@ from typing import Any
 
 from websockets.sync.client import ClientConnection, connect
 
+from wirecut.console.runner import CompleteFacts
+
 __all__ = ["ConsoleClient", "Frame", "Received"]
 
 Frame = dict[str, Any]
@@ -33,6 +35,11 @@ class Received:
 
     frame: Frame
     at: float
+
+    @property
+    def facts(self) -> CompleteFacts:
+        """The record of a ``complete`` frame (KeyError or ValueError for another frame)."""
+        return CompleteFacts.from_wire(self.frame)
 
 
 class ConsoleClient:

@@ -263,6 +263,17 @@ class Renderer:
         """The command's last word: its status, and for a cancel or timeout the facts."""
         self.finish()
         status = frame.get("status")
+        late = frame.get("late_cancel")
+        if status == "ok" and late:
+            # Said even without -v: the user asked for a cancel and must learn
+            # that the command's effect stands.
+            why = {"timeout": "its timeout came", "shutdown": "the server's shutdown came"}.get(
+                str(late), "the cancel came"
+            )
+            self._print(
+                self.err, Text(f"done · {why} too late: the command had already finished", _WARN)
+            )
+            return
         if status == "ok":
             if self.verbose:
                 text = Text(f"ok · {format_ms(float(frame.get('elapsed_ms') or 0))}", _DIM)

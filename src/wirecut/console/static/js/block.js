@@ -11,7 +11,7 @@ import { fmtMs, h } from "./dom.js";
 import {
   BADGE_TEXT, CommandEvent, CommandState, completeEvent, isLive, transition,
 } from "./lifecycle.js";
-import { factsLine, unwindChart, usageWords } from "./report.js";
+import { factsLine, lateCancelLine, unwindChart, usageWords } from "./report.js";
 
 // A block that streams for hours keeps only its last this-many characters.
 const OUTPUT_MAX_CHARS = 400000;
@@ -193,6 +193,7 @@ export class CommandBlock {
       const chart = unwindChart(frame.lifecycle || {}, this.label);
       if (chart) this.el.root.append(chart);
     } else if (status === "ok") {
+      if (frame.late_cancel) this.el.root.append(lateCancelLine(frame));
       const extra = usageWords(frame.usage);
       if (extra) this.el.root.append(h("div", "cmd-foot", extra));
     }

@@ -22,6 +22,13 @@ export function usageWords(usage) {
   return parts.join(" · ");
 }
 
+/** An ok block whose cancel came too late: its effect stands, and the page says so. */
+export function lateCancelLine(frame) {
+  const who = { timeout: "its timeout", shutdown: "the server's shutdown" }[frame.late_cancel];
+  const text = `done · ${who || "the cancel"} came too late: the command had already finished`;
+  return h("div", "cmd-facts late-cancel", text);
+}
+
 /** "cancelled in 41 ms · worker exited · 0 requests open · 37 tokens" */
 export function factsLine(frame) {
   const lc = frame.lifecycle || {};
