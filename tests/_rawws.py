@@ -42,9 +42,9 @@ class RawClient:
         self.response = self._handshake(timeout)
 
     def _flush(self) -> None:
-        for data in self.protocol.data_to_send():
-            if data:
-                self.sock.sendall(data)
+        data = b"".join(self.protocol.data_to_send())
+        if data:
+            self.sock.sendall(data)
 
     def _handshake(self, timeout: float) -> Response:
         deadline = time.monotonic() + timeout
@@ -68,6 +68,19 @@ class RawClient:
     def send(self, frame: dict[str, Any] | str) -> None:
         """Send one text frame (a dict is sent as JSON); raises OSError once the server cut us."""
         self.protocol.send_text((frame if isinstance(frame, str) else json.dumps(frame)).encode())
+        self._flush()
+
+    def send_many(self, frame: dict[str, Any], count: int) -> None:
+        """Send ``frame`` (as JSON) ``count`` times in one write; OSError once the server cut us."""
+        data = json.dumps(frame).encode()
+        for _ in range(count):
+            self.protocol.send_text(data)
+        self._flush()
+
+    def ping_many(self, count: int) -> None:
+        """Send ``count`` WebSocket pings (control frames) in one write."""
+        for n in range(count):
+            self.protocol.send_ping(n.to_bytes(4, "big"))
         self._flush()
 
     def recv_frames(self, timeout: float = 10.0) -> list[dict[str, Any]]:
