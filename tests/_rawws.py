@@ -32,14 +32,18 @@ class RawClient:
         if rcvbuf is not None:  # before connect, so the window is small from the start
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.sock.settimeout(timeout)
-        self.sock.connect((uri.host, uri.port))
         self.protocol = ClientProtocol(uri, max_size=None)
-        self.protocol.send_request(self.protocol.connect())
-        self._flush()
         self.close: Close | None = None
         self.closed = False
         self._pending: list[Any] = []  # events that came with the handshake response
-        self.response = self._handshake(timeout)
+        try:
+            self.sock.connect((uri.host, uri.port))
+            self.protocol.send_request(self.protocol.connect())
+            self._flush()
+            self.response = self._handshake(timeout)
+        except BaseException:
+            self.sock.close()
+            raise
 
     def _flush(self) -> None:
         data = b"".join(self.protocol.data_to_send())
@@ -72,10 +76,18 @@ class RawClient:
 
     def send_many(self, frame: dict[str, Any], count: int) -> None:
         """Send ``frame`` (as JSON) ``count`` times in one write; OSError once the server cut us."""
+        self.sock.sendall(self.encode_many(frame, count))
+
+    def encode_many(self, frame: dict[str, Any], count: int) -> bytes:
+        """``count`` copies of ``frame`` as wire bytes, to send (again and again) with ``sock``.
+
+        A flood that re-sends the same bytes costs the client nearly nothing,
+        so the server, not the client, sets the pace.
+        """
         data = json.dumps(frame).encode()
         for _ in range(count):
             self.protocol.send_text(data)
-        self._flush()
+        return b"".join(self.protocol.data_to_send())
 
     def ping_many(self, count: int) -> None:
         """Send ``count`` WebSocket pings (control frames) in one write."""

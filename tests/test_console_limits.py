@@ -8,6 +8,7 @@ socket, so the kernel's buffers fill and the server's writes stall for real.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import resource
@@ -15,6 +16,7 @@ import select
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,10 +24,12 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 
 from _console import Console, ConsoleClient, running_console, wait_health
 from _rawws import RawClient
 from wirecut.console.server import ConnectionLimits
+from wirecut.console.server._limits import ConnectionGuard, Dropped, GuardedConfig
 from wirecut.simulator import SimConfig, SimulatorServer
 
 PING = {"type": "ping"}
@@ -58,9 +62,10 @@ def dropped(console: Console, why: str) -> float:
 
 def flood_pings(ws: RawClient, until: Callable[[], bool], batch: int = 20_000) -> None:
     """Send protocol pings and read nothing until ``until()`` (or the server cuts us)."""
+    data = ws.encode_many(PING, batch)
     for _ in range(60):  # 1.2 M pings: far past the kernel's buffers and any outbox here
         try:
-            ws.send_many(PING, batch)
+            ws.sock.sendall(data)
         except OSError:
             return
         if until():
@@ -174,6 +179,44 @@ def test_a_refused_websocket_that_never_answers_the_close_is_cut(tmp_path: Path)
         # (uvicorn alone waits 10 s; the bound here is 0.5 s).
         assert _closed_by_server(ws.sock, timeout=5)
         ws.abort()
+
+
+@contextlib.contextmanager
+def guarded_uvicorn(app: Any, limits: ConnectionLimits) -> Iterator[tuple[int, ConnectionGuard]]:
+    """uvicorn with the console's guarded protocols around ``app``, on a thread."""
+    guard = ConnectionGuard(limits, limits.max_connections)
+    config = GuardedConfig(
+        app,
+        guard=guard,
+        host="127.0.0.1",
+        port=0,
+        lifespan="off",
+        log_level="warning",
+        timeout_graceful_shutdown=1,
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        assert poll(lambda: server.started, 10)
+        yield server.servers[0].sockets[0].getsockname()[1], guard
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        assert not thread.is_alive()
+
+
+def test_a_websocket_the_app_does_not_accept_is_cut_after_the_handshake_timeout() -> None:
+    never = asyncio.Event()
+
+    async def stuck(scope: Any, receive: Any, send: Any) -> None:
+        await never.wait()  # an app that never accepts: no 101, no refusal
+
+    with guarded_uvicorn(stuck, ConnectionLimits(handshake_timeout=0.5)) as (port, guard):
+        with pytest.raises((TimeoutError, OSError)):
+            RawClient(f"ws://127.0.0.1:{port}/", timeout=10)
+        assert guard.dropped[Dropped.HANDSHAKE_TIMEOUT] == 1
+        assert poll(lambda: guard.open == 0)
 
 
 def _idle(port: int, count: int) -> list[socket.socket]:
