@@ -275,10 +275,12 @@ def _guard_of(config: uvicorn.Config) -> ConnectionGuard:
 
 
 def _require(obj: object, names: tuple[str, ...]) -> None:
+    """Raise unless ``obj`` (a guarded protocol, or its class) has every one of ``names``."""
     missing = [name for name in names if not hasattr(obj, name)]
     if missing:
+        cls = obj if isinstance(obj, type) else type(obj)
         raise RuntimeError(
-            f"{type(obj).__mro__[1].__name__} has no {', '.join(missing)}: this uvicorn is not "
+            f"{cls.__mro__[1].__name__} has no {', '.join(missing)}: this uvicorn is not "
             "one wirecut was checked against (see pyproject.toml's cap)"
         )
 
@@ -401,6 +403,13 @@ class GuardedConfig(uvicorn.Config):
     """uvicorn's ``Config`` with the guarded protocols and the guard they share."""
 
     def __init__(self, app: Any, *, guard: ConnectionGuard, **kwargs: Any) -> None:
+        # Fail at start, not on the first connection, on a uvicorn whose
+        # protocols lack what the subclasses override.
+        _require(
+            GuardedH11Protocol,
+            ("on_response_complete", "handle_websocket_upgrade", "pause_writing"),
+        )
+        _require(GuardedWebSocketProtocol, ("handle_connect", "handle_ping", "run_asgi"))
         self.guard = guard
         limits = guard.limits
         super().__init__(
