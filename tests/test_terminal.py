@@ -619,6 +619,7 @@ def test_without_a_url_it_reads_serve_json(
     data = tmp_path / "data"
     data.mkdir()
     info = {"url": console.server.url, "token": console.server.token, "pid": os.getpid()}
+    info["instance"] = console.server.instance  # what /api/proof proves it holds the token for
     (data / "serve.json").write_text(json.dumps(info))
     result = run_c("", "memory add From -- serve.json", client_env, "--data-dir", str(data))
     assert (result.returncode, result.stdout, result.stderr) == (0, "added note #1\n", "")

@@ -4,6 +4,10 @@ Prints ``wirecut console: http://HOST:PORT/?token=TOKEN`` on stdout once it
 accepts connections, and which provider it uses on stderr; serves until
 SIGTERM or Ctrl+C, ends every command with reason "shutdown" (each gets its
 ``complete``), stops the provider it started, and exits 0.
+
+Secrets (the console's token, the provider's API key) come from a file or the
+environment; as a flag they still work, with one warning line, because every
+local user can read a command line (``/proc/PID/cmdline``). docs/security.md.
 """
 
 from __future__ import annotations
@@ -50,7 +54,11 @@ def _is_loopback(host: str) -> bool:
 @click.option(
     "--port", default=8765, show_default=True, type=click.IntRange(0, 65535), help="0: any."
 )
-@click.option("--token", default=None, help="The access token. Default: a random one.")
+@click.option(
+    "--token",
+    default=None,
+    help="The access token (visible to local users: prefer --token-file or $WIRECUT_TOKEN).",
+)
 @click.option(
     "--no-token",
     is_flag=True,
@@ -63,7 +71,12 @@ def _is_loopback(host: str) -> bool:
     "then $OPENAI_BASE_URL; with neither, the embedded llama.cpp, else the simulator.",
 )
 @click.option("--model", default=None, help="The model to ask the provider for.")
-@click.option("--api-key", default=None, help="The provider's API key. Default: $OPENAI_API_KEY.")
+@click.option(
+    "--api-key",
+    default=None,
+    help="The provider's API key (visible to local users: prefer --api-key-file or "
+    "$OPENAI_API_KEY).",
+)
 @data_dir_option
 @click.option("--workers", default=4, show_default=True, type=click.IntRange(1, 1024))
 @click.option(
@@ -83,6 +96,59 @@ def _is_loopback(host: str) -> bool:
     help="How long a cancelled command's worker may take to return before it is reported leaked.",
 )
 @click.option("--ray", "ray_address", default=None, help="Run commands on a Ray cluster.")
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Read the access token from FILE. Default: $WIRECUT_TOKEN, else a random one.",
+)
+@click.option(
+    "--api-key-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Read the provider's API key from FILE. Default: $OPENAI_API_KEY.",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Also answer requests for this Host name (repeatable); by default only the names "
+    "the console is bound to (loopback names on a loopback address).",
+)
+@click.option(
+    "--max-connections",
+    default=512,
+    show_default=True,
+    type=click.IntRange(1, 1 << 20),
+    help="Open connections at most (lowered to fit the descriptor limit); at the cap a new "
+    "one closes the oldest that has sent no request.",
+)
+@click.option(
+    "--max-outbox",
+    default=4 * 1024 * 1024,
+    show_default=True,
+    type=click.IntRange(64 * 1024, 1 << 31),
+    metavar="BYTES",
+    help="Bytes of frames that may wait for a client that does not read; past it the "
+    "connection is closed (4429) and its commands are cancelled.",
+)
+@click.option(
+    "--head-timeout",
+    default=10.0,
+    show_default=True,
+    type=float,
+    callback=_seconds,
+    help="Seconds a connection may take to send a complete request head.",
+)
+@click.option(
+    "--drain-timeout",
+    default=2.0,
+    show_default=True,
+    type=float,
+    callback=_seconds,
+    help="Seconds a stopping server waits for its last frames to reach slow readers.",
+)
 def serve(
     host: str,
     port: int,
@@ -96,21 +162,30 @@ def serve(
     command_timeout: float,
     unwind_timeout: float,
     ray_address: str | None,
+    token_file: Path | None,
+    api_key_file: Path | None,
+    allowed_hosts: tuple[str, ...],
+    max_connections: int,
+    max_outbox: int,
+    head_timeout: float,
+    drain_timeout: float,
 ) -> None:
     """Run the console: a web page, a WebSocket API and a terminal client's server."""
-    if no_token and token is not None:
-        raise click.UsageError("--token and --no-token exclude each other")
+    if no_token and (token is not None or token_file is not None):
+        raise click.UsageError("--token/--token-file and --no-token exclude each other")
+    token = _secret("--token", token, "--token-file", token_file, TOKEN_ENV, no_token)
+    api_key = _secret("--api-key", api_key, "--api-key-file", api_key_file, API_KEY_ENV)
+    _check_allowed_hosts(allowed_hosts)
     if no_token and not _is_loopback(host):
         raise click.UsageError(
             f"--no-token is refused on {host}: only a loopback address may go without a token"
         )
     if ray_address is not None:
         _check_ray(ray_address)
-    if token is not None and not token.strip():
-        raise click.UsageError("--token must not be empty")
     _check_port(host, port)
 
     from wirecut.console.server import (
+        ConnectionLimits,
         ConsoleConfig,
         ProviderUnavailable,
         resolve_provider,
@@ -129,7 +204,14 @@ def serve(
         data_dir=data_dir,
         provider_url=url,
         model=model,
-        api_key=api_key or os.environ.get("OPENAI_API_KEY"),
+        api_key=api_key,
+        allowed_hosts=allowed_hosts,
+        limits=ConnectionLimits(
+            max_connections=max_connections,
+            max_outbox=max_outbox,
+            head_timeout=head_timeout,
+            drain_timeout=drain_timeout,
+        ),
     )
     try:
         provider = resolve_provider(url, model, data_dir, source=source)
@@ -190,6 +272,78 @@ def _probe_provider(base_url: str, api_key: str | None) -> None:
     click.echo(f"wirecut serve: provider check: {identity.line(base_url)}", err=True)
 
 
+#: Where a secret comes from when no flag gives it.
+TOKEN_ENV = "WIRECUT_TOKEN"
+API_KEY_ENV = "OPENAI_API_KEY"
+#: A secret file larger than this is not a secret file.
+_MAX_SECRET_BYTES = 64 * 1024
+
+
+def _secret(
+    flag: str,
+    given: str | None,
+    file_flag: str,
+    path: Path | None,
+    env: str,
+    ignore_env: bool = False,
+) -> str | None:
+    """The secret from ``flag`` (with a warning), ``file_flag``'s file, or ``$env``; None if none.
+
+    One-line usage errors for both flags at once, an unreadable or empty file,
+    and a secret with whitespace or control characters in it.
+    """
+    if given is not None and path is not None:
+        raise click.UsageError(f"{flag} and {file_flag} exclude each other")
+    if given is not None:
+        click.echo(
+            f"wirecut serve: warning: {flag} on the command line is readable by every local "
+            f"user (/proc/PID/cmdline); use {file_flag} FILE or ${env}",
+            err=True,
+        )
+        value, source = given, flag
+    elif path is not None:
+        value, source = _read_secret(file_flag, path), f"{file_flag} {path}"
+    elif not ignore_env and os.environ.get(env, "").strip():
+        value, source = os.environ[env], f"${env}"
+    else:
+        return None
+    value = value.strip()
+    if not value:
+        raise click.UsageError(f"{source}: the secret is empty")
+    if any(ch.isspace() or not ch.isprintable() for ch in value):
+        raise click.UsageError(
+            f"{source}: the secret must be one word of printable characters (no spaces or "
+            "control characters)"
+        )
+    return value
+
+
+def _read_secret(file_flag: str, path: Path) -> str:
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(_MAX_SECRET_BYTES + 1)
+    except OSError as exc:
+        raise click.UsageError(f"{file_flag}: cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > _MAX_SECRET_BYTES:
+        raise click.UsageError(f"{file_flag}: {path} is larger than {_MAX_SECRET_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise click.UsageError(f"{file_flag}: {path} is not UTF-8 text") from None
+    if not text.strip():
+        raise click.UsageError(f"{file_flag}: {path} is empty")
+    return text
+
+
+def _check_allowed_hosts(names: tuple[str, ...]) -> None:
+    from wirecut.console.server import host_name_problem
+
+    for name in names:
+        problem = host_name_problem(name)
+        if problem is not None:
+            raise click.UsageError(f"--allowed-host: {problem}")
+
+
 def _check_ray(address: str) -> None:
     """Refuse ``--ray`` with one line when its address is malformed or the extra is missing."""
     try:
@@ -227,7 +381,7 @@ def _serve_on_ray(address: str, config: ConsoleConfig, provider: Provider) -> in
 
     def make_runner(services: Services, metrics: ConsoleMetrics) -> ClusterRunner:
         return ClusterRunner(
-            services, spec, limits=config.limits, observer=metrics, registry=metrics.registry
+            services, spec, limits=config.runner_limits, observer=metrics, registry=metrics.registry
         )
 
     where = "a local Ray cluster" if started else f"the Ray cluster at {address}"

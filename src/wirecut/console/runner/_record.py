@@ -302,9 +302,7 @@ class CompleteFacts:
                 life["open_requests"],
                 life["open_processes"],
                 life["started"],
-                timeline=None
-                if steps is None
-                else make_timeline((s["event"], s["ms"]) for s in steps),
+                timeline=steps,
                 open_threads=life.get("open_threads"),
                 node=life.get("node"),
                 node_ip=life.get("node_ip"),

@@ -4,6 +4,14 @@
 ``serve_forever`` is ``wirecut serve``: the main thread, the banner,
 ``serve.json``, and a clean stop on SIGTERM or Ctrl+C.
 
+Connections. uvicorn runs with the guarded protocols of ``_limits.py`` (a
+request-head deadline, a connection cap that evicts idle connections first,
+bounds on sends and closes) and the app behind ``HostGuard``;
+``serve_forever`` first raises the soft descriptor limit to the hard one.
+``serve.json`` carries the server's ``instance``, which ``/api/proof`` binds
+its proofs to. uvicorn's log lines are passed through a filter that hides
+``token=`` values (a WebSocket's URL is logged at level info).
+
 The stop. uvicorn's own shutdown closes every WebSocket at once (code 1012),
 which would end the commands as "disconnect" with no ``complete`` sent. So
 ``_ConsoleUvicorn.shutdown`` first cancels every command with reason
@@ -17,7 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import re
 import secrets
 import socket
 import sys
@@ -32,7 +42,16 @@ import uvicorn
 
 from wirecut.console.commands import CommandSet, Services
 from wirecut.console.runner import CommandRunner, Runner, RunnerLimits
+from wirecut.console.server._access import HostPolicy
 from wirecut.console.server._app import ConsoleState, create_app
+from wirecut.console.server._limits import (
+    ConnectionGuard,
+    ConnectionLimits,
+    Dropped,
+    GuardedConfig,
+    descriptor_limit,
+    raise_descriptor_limit,
+)
 from wirecut.console.server._metrics import ConsoleMetrics
 
 __all__ = [
@@ -51,7 +70,7 @@ RunnerFactory = Callable[[Services, ConsoleMetrics], Runner]
 
 #: A WebSocket message larger than this closes the connection (1009); the
 #: protocol's own frame limit (an error frame, the connection kept) is lower.
-WS_MAX_BYTES = 1 << 20
+WS_MAX_BYTES = ConnectionLimits.ws_max_size
 SERVE_JSON = "serve.json"
 
 
@@ -73,9 +92,13 @@ class ConsoleConfig:
     api_key: str | None = None
     #: max_tokens of one chat reply.
     max_tokens: int = 256
+    #: Host names it answers to besides the ones it is bound to (``--allowed-host``).
+    allowed_hosts: tuple[str, ...] = ()
+    #: Bounds on connections, timeouts included (docs/security.md).
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
 
     @property
-    def limits(self) -> RunnerLimits:
+    def runner_limits(self) -> RunnerLimits:
         """The runner's bounds from these options."""
         return RunnerLimits(
             workers=self.workers,
@@ -170,11 +193,54 @@ def build_state(
     metrics = ConsoleMetrics()
     made: Runner
     if runner is None:
-        made = CommandRunner(services, commands=commands, limits=config.limits, observer=metrics)
+        made = CommandRunner(
+            services, commands=commands, limits=config.runner_limits, observer=metrics
+        )
     else:
         made = runner(services, metrics)
     metrics.attach(made)
-    return ConsoleState(runner=made, metrics=metrics, token=config.token)
+    state = ConsoleState(
+        runner=made,
+        metrics=metrics,
+        token=config.token,
+        hosts=HostPolicy.for_bind(config.host, config.allowed_hosts),
+        limits=config.limits,
+    )
+    state.guard = ConnectionGuard(config.limits, config.limits.connections_for(descriptor_limit()))
+    metrics.registry.register(_ConnectionCollector(state))
+    return state
+
+
+class _ConnectionCollector:
+    """``/metrics`` gauges and counters of the connections, read at scrape time."""
+
+    def __init__(self, state: ConsoleState) -> None:
+        self._state = state
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        guard = self._state.guard
+        assert guard is not None
+        yield GaugeMetricFamily(
+            "wirecut_connections_open", "Open TCP connections.", value=guard.open
+        )
+        yield GaugeMetricFamily(
+            "wirecut_outbox_bytes",
+            "Bytes of console frames waiting to be sent, over every connection.",
+            value=sum(c.outbox_bytes for c in self._state.connections),
+        )
+        dropped = CounterMetricFamily(
+            "wirecut_connections_dropped",
+            "Connections the server ended for a limit (docs/security.md), by why.",
+            labels=["why"],
+        )
+        for why in Dropped:
+            dropped.add_metric([why.value], guard.dropped[why])
+        yield dropped
 
 
 class _ConsoleUvicorn(uvicorn.Server):
@@ -217,16 +283,35 @@ class _ConsoleUvicorn(uvicorn.Server):
 
 
 def _uvicorn_config(state: ConsoleState, host: str, port: int) -> uvicorn.Config:
-    return uvicorn.Config(
+    assert state.guard is not None, "build the state with build_state()"
+    config = GuardedConfig(
         create_app(state),
+        guard=state.guard,
         host=host,
         port=port,
         log_level="warning",
         access_log=False,
-        ws="websockets-sansio",
-        ws_max_size=WS_MAX_BYTES,
         timeout_graceful_shutdown=5,
     )
+    for name in ("uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).addFilter(_REDACT_TOKENS)  # the same filter once
+    return config
+
+
+class _RedactTokens(logging.Filter):
+    """Replaces the value of every ``token=`` in a log line (uvicorn logs WebSocket URLs)."""
+
+    _TOKEN = re.compile(r"((?:\?|&|;|%3[Ff]|%26)token=)[^&;#\s\"']*", re.IGNORECASE)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = self._TOKEN.sub(r"\1[redacted]", message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
+
+
+_REDACT_TOKENS = _RedactTokens()
 
 
 def _http_url(host: str, port: int) -> str:
@@ -322,6 +407,11 @@ class ConsoleServer:
     def token(self) -> str | None:
         return self.config.token
 
+    @property
+    def instance(self) -> str:
+        """The random id ``serve.json`` carries and ``/api/proof`` binds its proofs to."""
+        return self.state.instance
+
 
 def serve_forever(
     config: ConsoleConfig,
@@ -336,6 +426,8 @@ def serve_forever(
     (mode 0600) into the data directory and removes it at exit. ``runner``
     as for ``build_state``.
     """
+    # Before the state: the connection cap is fitted to the limit in force.
+    raise_descriptor_limit()
     state = build_state(config, provider, runner=runner)
     info_path = config.data_dir / SERVE_JSON
     wrote: list[Path] = []
@@ -343,7 +435,12 @@ def serve_forever(
     def on_listening(host: str, port: int) -> None:
         url = _http_url(host, port)
         shown = url if config.token is None else f"{url}?token={config.token}"
-        info: dict[str, Any] = {"url": url, "token": config.token, "pid": os.getpid()}
+        info: dict[str, Any] = {
+            "url": url,
+            "token": config.token,
+            "pid": os.getpid(),
+            "instance": state.instance,
+        }
         _write_private(info_path, json.dumps(info))
         wrote.append(info_path)
         echo(f"wirecut console: {shown}")
