@@ -78,23 +78,21 @@ class LoopbackRequest:
         return json.loads(self.body)
 
 
+@dataclass(eq=False)
 class LoopbackExchange:
     """One request on one connection, and the means to answer it.
 
     Used by the server's handler, on the connection's thread.
     """
 
-    def __init__(
-        self, server: LoopbackServer, conn: socket.socket, request: LoopbackRequest
-    ) -> None:
-        self.server = server
-        self.conn = conn
-        self.request = request
-        #: False once the connection is to serve no further request.
-        self.keep_open = True
-        #: True once the handler waited for the peer's close (the server then
-        #: leaves the connection to end as it did, without a shutdown of its own).
-        self.held = False
+    server: LoopbackServer
+    conn: socket.socket
+    request: LoopbackRequest
+    #: False once the connection is to serve no further request.
+    keep_open: bool = True
+    #: True once the handler waited for the peer's close (the server then
+    #: leaves the connection to end as it did, without a shutdown of its own).
+    held: bool = False
 
     def send(self, data: bytes) -> None:
         try:
