@@ -78,6 +78,8 @@ RECEIPT_KEEP = 256
 TOMBSTONE_SECONDS = 600.0
 #: How long a command's output may wait for more before it is sent, in seconds.
 OUTPUT_GATHER = 0.025
+#: How long an ending host waits for its job streams to hand over their receipts.
+RECEIPT_GRACE = 2.0
 #: How often the lease watchdog looks at the clock, in seconds.
 LEASE_TICK = 0.1
 
@@ -279,6 +281,10 @@ class CommandHost:
         self._stdio.__enter__()
         # Guards the jobs, the receipts, the tombstones and the lease state.
         self._lock = threading.Lock()
+        # Job streams not yet over; the lease's end waits (bounded) for them
+        # to hand over their receipts before this actor ends.
+        self._streams = 0
+        self._streams_done = threading.Condition(self._lock)
         self._jobs: dict[str, _Job] = {}
         self._receipts: OrderedDict[str, HostReceipt] = OrderedDict()
         self._tombstones: dict[str, float] = {}
@@ -311,14 +317,27 @@ class CommandHost:
         not used on a running job.
         """
         job = _Job(job_id)
+        refused: HostReceipt | None = None
         with self._lock:
+            self._streams += 1
             if job_id in self._tombstones or self._expired:
                 why = Reason.SHUTDOWN if self._expired else Reason.USER
-                yield [("complete", HostReceipt.unstarted(self.identity, why))]
+                refused = HostReceipt.unstarted(self.identity, why)
+            else:
+                self._jobs[job_id] = job
+                # Under the lock: a cancel that sees the job queues its call after this one.
+                self._loop.call_soon_threadsafe(self._submit, job, line, history or [], payload)
+        try:
+            if refused is not None:
+                yield [("complete", refused)]
                 return
-            self._jobs[job_id] = job
-            # Under the lock: a cancel that sees the job queues its call after this one.
-            self._loop.call_soon_threadsafe(self._submit, job, line, history or [], payload)
+            yield from self._stream(job)
+        finally:
+            with self._lock:
+                self._streams -= 1
+                self._streams_done.notify_all()
+
+    def _stream(self, job: _Job) -> Iterator[list[tuple[Any, ...]]]:
         while True:
             batch = [job.news.get()]
             if batch[0][0] == "output":
@@ -489,8 +508,12 @@ class CommandHost:
         self._exit()
 
     def _exit(self) -> None:
-        # The commands are done (or past their bound): end this actor, so that
-        # a detached host does not outlive the serve process that owned it.
+        # The commands are done (or past their bound). Their streams hand
+        # over the receipts first (bounded), in case the serve process is
+        # only slow; then end this actor, so that a detached host does not
+        # outlive the serve process that owned it.
+        with self._streams_done:
+            self._streams_done.wait_for(lambda: self._streams == 0, RECEIPT_GRACE)
         with contextlib.suppress(Exception):
             ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
         time.sleep(5)
