@@ -61,8 +61,6 @@ from wirecut.console.commands import CommandSet, Services, Session, builtin_comm
 from wirecut.console.runner import (
     Command,
     CommandEvent,
-    CommandLifecycle,
-    CommandSink,
     CommandState,
     CompleteFacts,
     Placement,
@@ -72,7 +70,7 @@ from wirecut.console.runner import (
     RunnerObserver,
     ThreadPlacement,
 )
-from wirecut.console.runner._core import Work
+from wirecut.console.runner._core import Accepted, Work
 from wirecut.console.runner._lifecycle import CommandEvent as _Event
 
 __all__ = ["LEASE_SECONDS", "ClusterRunner", "ProviderSpec", "RemoteCommand", "placement"]
@@ -152,25 +150,10 @@ class HostPlacement:
 
     # -- Placement ----------------------------------------------------------------------
 
-    def record(
-        self,
-        *,
-        id: str,
-        line: str,
-        work: Work,
-        session: Session,
-        sink: CommandSink,
-        timeout: float,
-    ) -> RemoteCommand:
-        return RemoteCommand(
-            id=id,
-            line=line,
-            session=session,
-            sink=sink,
-            lifecycle=CommandLifecycle(id),
-            timeout=timeout,
-            placement=self,
-        )
+    def record(self, accepted: Accepted) -> RemoteCommand:
+        command = RemoteCommand.of(accepted, self)
+        assert isinstance(command, RemoteCommand)
+        return command
 
     def launch(self, command: Command) -> None:
         assert isinstance(command, RemoteCommand)

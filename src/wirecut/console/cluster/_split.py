@@ -38,10 +38,9 @@ import wirecut.scope as ws
 from wirecut.console.cluster._host import MODEL_REQUEST
 from wirecut.console.cluster._pool import HostPool
 from wirecut.console.cluster._remote import Outcome, RemoteJob, remote_facts
-from wirecut.console.commands import Session, Stream
+from wirecut.console.commands import Stream
 from wirecut.console.runner import (
     Command,
-    CommandSink,
     CompleteFacts,
     LocalCommand,
     Reason,
@@ -49,7 +48,7 @@ from wirecut.console.runner import (
     ThreadPlacement,
     make_timeline,
 )
-from wirecut.console.runner._core import Work
+from wirecut.console.runner._core import Accepted
 from wirecut.provider import ChatResult, ProviderError
 from wirecut.scope import Interrupted, InterruptScope, current_scope
 
@@ -283,19 +282,8 @@ class SplitPlacement:
         self._splits = splits
         self._by_command: weakref.WeakKeyDictionary[Command, _Split] = weakref.WeakKeyDictionary()
 
-    def record(
-        self,
-        *,
-        id: str,
-        line: str,
-        work: Work,
-        session: Session,
-        sink: CommandSink,
-        timeout: float,
-    ) -> LocalCommand:
-        command = self._threads.record(
-            id=id, line=line, work=work, session=session, sink=sink, timeout=timeout
-        )
+    def record(self, accepted: Accepted) -> LocalCommand:
+        command = self._threads.record(accepted)
         command.placement = self
         self._by_command[command] = self._splits.track(command)
         return command

@@ -5,7 +5,14 @@ and gets each command's frames back through a ``CommandSink``.
 """
 
 from wirecut.console.runner._contract import CommandSink, Runner, RunnerObserver
-from wirecut.console.runner._core import Command, Placement, Reporter, RunnerCore, RunnerLimits
+from wirecut.console.runner._core import (
+    Accepted,
+    Command,
+    Placement,
+    Reporter,
+    RunnerCore,
+    RunnerLimits,
+)
 from wirecut.console.runner._lifecycle import (
     TRANSITIONS,
     CommandEvent,
@@ -38,6 +45,7 @@ CommandRecord = Command
 
 __all__ = [
     "TRANSITIONS",
+    "Accepted",
     "Command",
     "CommandEvent",
     "CommandLifecycle",

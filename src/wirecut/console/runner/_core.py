@@ -46,6 +46,7 @@ from wirecut.console.runner._output import OutputBuffer
 from wirecut.console.runner._record import CompleteFacts, Lifecycle, Reason
 
 __all__ = [
+    "Accepted",
     "Command",
     "Placement",
     "Reporter",
@@ -96,6 +97,19 @@ class RunnerLimits:
         return min(1.0, self.unwind_timeout / 2)
 
 
+@dataclass(frozen=True)
+class Accepted:
+    """What the core accepted for a placement: the command, and where its news goes."""
+
+    id: str
+    line: str
+    work: Work
+    session: Session
+    sink: CommandSink
+    #: Seconds of running time (the run frame's ``timeout``, capped by the runner's).
+    timeout: float
+
+
 @dataclass(eq=False, kw_only=True)
 class Command:
     """The core's record of one accepted command (read it; only runners change it).
@@ -122,6 +136,20 @@ class Command:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     timeout_handle: asyncio.TimerHandle | None = None
 
+    @classmethod
+    def of(cls, accepted: Accepted, placement: Placement | None, **fields: Any) -> Command:
+        """The record of ``accepted`` (a subclass passes its own ``fields``)."""
+        return cls(
+            id=accepted.id,
+            line=accepted.line,
+            session=accepted.session,
+            sink=accepted.sink,
+            lifecycle=CommandLifecycle(accepted.id),
+            timeout=accepted.timeout,
+            placement=placement,
+            **fields,
+        )
+
     @property
     def state(self) -> CommandState:
         return self.lifecycle.state
@@ -144,16 +172,7 @@ class Reporter(Protocol):
 class Placement(Protocol):
     """Where commands' work runs. Every method is called on the event loop."""
 
-    def record(
-        self,
-        *,
-        id: str,
-        line: str,
-        work: Work,
-        session: Session,
-        sink: CommandSink,
-        timeout: float,
-    ) -> Command:
+    def record(self, accepted: Accepted) -> Command:
         """The record of a command accepted for this placement (not launched yet)."""
 
     def launch(self, command: Command) -> None:
@@ -250,10 +269,7 @@ class RunnerCore:
             placement, work = self._route(line)
         except CommandError as exc:
             return self._reject(id, line, session, sink, limit, str(exc))
-        command = placement.record(
-            id=id, line=line, work=work, session=session, sink=sink, timeout=limit
-        )
-        return self._accept(command)
+        return self._accept(placement.record(Accepted(id, line, work, session, sink, limit)))
 
     def submit_call(
         self,
@@ -271,16 +287,8 @@ class RunnerCore:
         returns is kept on the record (``LocalCommand.result``).
         """
         self._check_open()
-        placement = self._call_placement()
-        command = placement.record(
-            id=id,
-            line=label,
-            work=fn,
-            session=session,
-            sink=sink,
-            timeout=self._limit(timeout),
-        )
-        return self._accept(command)
+        accepted = Accepted(id, label, fn, session, sink, self._limit(timeout))
+        return self._accept(self._call_placement().record(accepted))
 
     def cancel(self, command: Command, reason: str) -> bool:
         """Cancel ``command`` with ``reason``; False if it was cancelled or decided already.
@@ -374,6 +382,7 @@ class RunnerCore:
     def _reject(
         self, id: str, line: str, session: Session, sink: CommandSink, limit: float, message: str
     ) -> Command:
+        # The one record with no placement: nothing will run it.
         command = Command(
             id=id,
             line=line,

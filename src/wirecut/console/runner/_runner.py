@@ -35,11 +35,11 @@ from wirecut.console.commands import (
     CommandError,
     CommandSet,
     Services,
-    Session,
     builtin_commands,
 )
-from wirecut.console.runner._contract import CommandSink, RunnerObserver
+from wirecut.console.runner._contract import RunnerObserver
 from wirecut.console.runner._core import (
+    Accepted,
     Command,
     Reporter,
     RunnerCore,
@@ -47,7 +47,7 @@ from wirecut.console.runner._core import (
     Work,
     call_soon,
 )
-from wirecut.console.runner._lifecycle import CommandEvent, CommandLifecycle, CommandState
+from wirecut.console.runner._lifecycle import CommandEvent, CommandState
 from wirecut.console.runner._output import bind_output
 from wirecut.console.runner._pool import WorkerPool
 from wirecut.console.runner._record import (
@@ -123,27 +123,11 @@ class ThreadPlacement:
 
     # -- Placement ----------------------------------------------------------------------
 
-    def record(
-        self,
-        *,
-        id: str,
-        line: str,
-        work: Work,
-        session: Session,
-        sink: CommandSink,
-        timeout: float,
-    ) -> LocalCommand:
-        return LocalCommand(
-            id=id,
-            line=line,
-            session=session,
-            sink=sink,
-            lifecycle=CommandLifecycle(id),
-            timeout=timeout,
-            placement=self,
-            work=work,
-            scope=InterruptScope(f"command-{id}"),
-        )
+    def record(self, accepted: Accepted) -> LocalCommand:
+        scope = InterruptScope(f"command-{accepted.id}")
+        command = LocalCommand.of(accepted, self, work=accepted.work, scope=scope)
+        assert isinstance(command, LocalCommand)
+        return command
 
     def launch(self, command: Command) -> None:
         assert isinstance(command, LocalCommand)

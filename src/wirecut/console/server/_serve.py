@@ -215,7 +215,7 @@ class _ConnectionCollector:
     """``/metrics`` gauges and counters of the connections, read at scrape time."""
 
     def __init__(self, state: ConsoleState) -> None:
-        self._state = state
+        self._console = state
 
     def describe(self) -> list[Any]:
         return []
@@ -223,7 +223,7 @@ class _ConnectionCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        guard = self._state.guard
+        guard = self._console.guard
         assert guard is not None
         yield GaugeMetricFamily(
             "wirecut_connections_open", "Open TCP connections.", value=guard.open
@@ -231,7 +231,7 @@ class _ConnectionCollector:
         yield GaugeMetricFamily(
             "wirecut_outbox_bytes",
             "Bytes of console frames waiting to be sent, over every connection.",
-            value=sum(c.outbox_bytes for c in self._state.connections),
+            value=sum(c.outbox_bytes for c in self._console.connections),
         )
         dropped = CounterMetricFamily(
             "wirecut_connections_dropped",
