@@ -136,6 +136,12 @@ class ProxyServer:
         self.stop()
 
     @property
+    def port(self) -> int:
+        if self._address is None:
+            raise RuntimeError("the proxy is not listening")
+        return self._address[1]
+
+    @property
     def url(self) -> str:
         """``http://HOST:PORT``: the proxy's root (``/health``, ``/metrics``)."""
         if self._address is None:
