@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ ENDLESS = SimConfig(slots=1, tokens_per_second=100, prompt_ms=5, endless=True)
 
 @dataclass
 class Setup:
-    sim: SimulatorServer
+    sim: SimulatorServer  # (None in the llama.cpp test)
     proxy: ProxyServer
     data_dir: Path
 
@@ -814,3 +815,83 @@ def test_an_empty_token_file_is_refused(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "is empty" in result.stderr
+
+
+# -- the embedded llama.cpp (extra `local`) ---------------------------------------------------
+
+# llama.cpp restarts its wait for a closed request on every /slots answer:
+# keep its polls this far apart (docs/architecture.md, fact 10 and tests/test_local.py).
+SLOTS_SPACING_S = 1.5
+# A prompt cut lands between llama.cpp's batches (fact 10): bound it generously.
+RELEASE_BOUND_S = 60.0
+COUNT = {"role": "user", "content": "Count from one to ten thousand."}
+
+
+def _llama_slots_busy(root: str, last: list[float]) -> list[int]:
+    delay = last[0] + SLOTS_SPACING_S - time.monotonic()
+    if delay > 0:
+        threading.Event().wait(delay)  # Pacing the polls, not waiting for an outcome.
+    last[0] = time.monotonic()
+    slots = httpx.get(root + "/slots", timeout=BOUND).json()
+    return [slot["id"] for slot in slots if slot["is_processing"]]
+
+
+def _read_until(conn: socket.socket, marker: bytes) -> None:
+    seen = b""
+    while marker not in seen:
+        data = conn.recv(65536)
+        assert data, f"the response ended before {marker!r}: {seen[-300:]!r}"
+        seen += data
+
+
+@pytest.mark.local
+def test_on_the_embedded_llama_cpp_every_cut_frees_its_slot_and_a_queued_client_never_reaches_it(
+    tmp_path: Path,
+) -> None:
+    from wirecut.local import LocalServer, is_available
+
+    if not is_available():
+        pytest.skip("the extra `local` is not installed")
+    generate = {"messages": [COUNT], "max_tokens": 2000, "temperature": 0, "ignore_eos": True}
+    long_prompt = {**generate, "messages": [{"role": "user", "content": "word " * 1500}]}
+    with LocalServer(tmp_path / "local") as server:
+        root = server.base_url.removesuffix("/v1")
+        config = ProxyConfig(upstream=server.base_url, port=0, data_dir=tmp_path)
+        with ProxyServer(config) as proxy:
+            setup = Setup(None, proxy, tmp_path)  # type: ignore[arg-type]
+            assert setup.health()["upstream"] == {
+                "url": server.base_url,
+                "kind": "llama.cpp",
+                "slots": server.n_parallel,
+            }
+            # Decoding, stream and not; a third waits in the proxy and leaves.
+            streamed = post(proxy.port, {**generate, "stream": True}, headers={"X-Request-Id": "s"})
+            _read_until(streamed, b'"content"')
+            whole = post(proxy.port, generate, headers={"X-Request-Id": "w"})
+            last = [-SLOTS_SPACING_S]
+            deadline = time.monotonic() + RELEASE_BOUND_S
+            while len(_llama_slots_busy(root, last)) < 2:
+                assert time.monotonic() < deadline, "llama.cpp never ran both"
+            queued = post(proxy.port, generate, headers={"X-Request-Id": "q"})
+            setup.wait_health(lambda h: h["requests"]["queued"] == 1)
+            queued.close()
+            assert setup.record("q")["usage"]["requests"] == 0
+            streamed.close()
+            whole.close()
+            while _llama_slots_busy(root, last):
+                assert time.monotonic() < deadline, "a slot was still busy"
+            # A long prompt (one batch of llama.cpp's), cut while llama.cpp reads it.
+            prompt = post(proxy.port, long_prompt, headers={"X-Request-Id": "p"})
+            setup.wait_health(lambda h: h["requests"]["in_flight"] == 1)
+            prompt.close()
+            deadline = time.monotonic() + RELEASE_BOUND_S
+            while _llama_slots_busy(root, last):
+                assert time.monotonic() < deadline, "the prompt's slot was still busy"
+            metrics = httpx.get(proxy.url + "/metrics", timeout=BOUND).text
+            records = {r["id"]: r for r in setup.records()}
+    for request_id in ("s", "w", "p"):
+        record = records[request_id]
+        assert (record["status"], record["reason"]) == ("cancelled", "disconnect"), record
+        assert record["usage"]["requests"] == 1
+    assert records["s"]["usage"]["completion_tokens"] >= 1
+    assert "wirecut_proxy_upstream_requests_total 3.0" in metrics  # q never went.

@@ -88,16 +88,23 @@ class UpstreamRequest:
 
 
 class _Sent:
-    """Set by httpcore's trace hook once the request headers went out."""
+    """httpcore's trace hook: notes, and counts, the request once its headers go out.
 
-    __slots__ = ("sent",)
+    Counted there, not when the response begins: a cut during a long prompt
+    (llama.cpp sends no headers before the first token) ends the send
+    itself, and the upstream had the request all the same.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("sent", "tally")
+
+    def __init__(self, tally: Tally) -> None:
         self.sent = False
+        self.tally = tally
 
     def trace(self, event: str, info: dict[str, Any]) -> None:
-        if event.endswith(".send_request_headers.started"):
+        if event.endswith(".send_request_headers.started") and not self.sent:
             self.sent = True
+            self.tally.requests += 1
 
 
 def relay(
@@ -122,7 +129,7 @@ def relay(
     url = upstream.url(request.endpoint)
     try:
         for attempt in range(connect_retries + 1):
-            state = _Sent()
+            state = _Sent(tally)
             outgoing = upstream.http.build_request(
                 "POST",
                 url,
@@ -133,7 +140,6 @@ def relay(
             try:
                 response = upstream.http.send(outgoing, stream=True)
             except httpx.TransportError as exc:
-                tally.requests += state.sent
                 connect_failed = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
                 if state.sent or not connect_failed or attempt == connect_retries:
                     what = "cannot connect to" if connect_failed else "lost"
@@ -142,7 +148,6 @@ def relay(
                     )
                 ws.sleep(RETRY_PAUSE * 2**attempt)  # A cut wakes it with Interrupted.
                 continue
-            tally.requests += 1
             try:
                 return _read(response, request, channel, tally)
             except httpx.HTTPError as exc:
