@@ -510,6 +510,29 @@ def test_an_upstream_that_refuses_connections_is_a_502_after_bounded_retries(
     )
 
 
+def test_requests_one_after_another_reuse_a_connection_but_never_a_cut_ones_scope(
+    tmp_path: Path,
+) -> None:
+    with proxied(tmp_path, ENDLESS) as setup:
+        client = setup.sdk(max_retries=0)
+        for _ in range(2):
+            client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=2)  # type: ignore[arg-type]
+        conn = post(setup.proxy.port, chat(stream=True))
+        setup.sim.wait_for_event(EventKind.FIRST_TOKEN, "req-3", timeout=BOUND)
+        conn.close()
+        setup.sim.wait_for_event(EventKind.SLOT_FREED, "req-3", timeout=BOUND)
+        setup.wait_health(lambda h: h["requests"]["in_flight"] == 0)
+        client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=2)  # type: ignore[arg-type]
+        peers = [
+            ev.detail["client"]
+            for ev in setup.sim.events()
+            if ev.kind == EventKind.REQUEST_RECEIVED
+        ]
+    first, second, cut, after = peers
+    assert first == second == cut  # One keep-alive connection for requests in sequence...
+    assert after != cut  # ...and the cut one's scope (and connection) is not used again.
+
+
 # -- cancel by id, timeout -------------------------------------------------------------------
 
 

@@ -69,6 +69,7 @@ class Exchange:
         self.proxy = proxy
         self.id = request_id
         self.request = request
+        # Its own scope while it waits; at admission, a lane's (see _lanes).
         self.scope = InterruptScope(f"proxy-{request_id}")
         self.state = ExchangeState.QUEUED
         self.reason: RecordReason | None = None
@@ -135,6 +136,7 @@ class Exchange:
             return
         self.admitted_at = time.monotonic()
         self.state = ExchangeState.UPSTREAM
+        self.scope = self.proxy.lanes.take()
         channel = Channel(asyncio.get_running_loop())
         worker = asyncio.ensure_future(
             run_sync(
@@ -142,6 +144,7 @@ class Exchange:
                 channel,
                 scope=self.scope,
                 unwind_timeout=self.proxy.config.unwind_timeout,
+                executor=self.proxy.workers,
             )
         )
         self._worker = worker
@@ -238,6 +241,9 @@ class Exchange:
             scope=self.scope,
             worker_exited_at=self.worker_exited_at,
         )
+        if self.worker_exited_at is not None:
+            # Done with it (cancel() no longer touches a DONE request's scope).
+            self.proxy.lanes.give_back(self.scope)
         self.proxy.finished(self)
         self.finished.set()
 
@@ -266,7 +272,16 @@ class Exchange:
             await send_json(send, 502, error_body(message, "upstream_error"), self.id)
 
     async def _answer_cut(self, send: Send, started: bool) -> None:
-        answer = _CUT_ANSWERS.get(self.reason) if self.reason is not None else None
+        if self.reason is None:
+            # Nobody cut it and the relay gave nothing back: the proxy's own failure.
+            message = "the proxy failed relaying this request; see its log"
+            if started:
+                await send_body(send, error_event(message, "server_error"), more=True)
+                await send_body(send, b"")
+            else:
+                await send_json(send, 500, error_body(message, "server_error"), self.id)
+            return
+        answer = _CUT_ANSWERS.get(self.reason)
         if answer is None:
             # The client left: nobody to answer. uvicorn drops what we send.
             if started:

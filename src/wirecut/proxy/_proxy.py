@@ -13,12 +13,14 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from wirecut.aio import run_sync
 from wirecut.proxy._admission import Admission
 from wirecut.proxy._config import AUTO, ProxyConfig
 from wirecut.proxy._exchange import Exchange, ExchangeState
+from wirecut.proxy._lanes import Lanes
 from wirecut.proxy._metrics import ProxyMetrics
 from wirecut.proxy._record import RECORD_FILE, RecordLog, RecordReason
 from wirecut.proxy._request import ClientRequest
@@ -28,6 +30,8 @@ __all__ = ["DuplicateId", "Proxy"]
 
 #: Seconds between two probes of an upstream that was unreachable.
 REPROBE_INTERVAL = 5.0
+#: Worker threads at most (requests beyond it wait for one, cancellable).
+WORKERS_UNLIMITED = 1024
 
 
 class DuplicateId(Exception):
@@ -47,6 +51,11 @@ class Proxy:
         self.live: dict[str, Exchange] = {}
         self.metrics = ProxyMetrics(self._gauges)
         self.log = RecordLog(None if config.data_dir is None else config.data_dir / RECORD_FILE)
+        self.lanes = Lanes()
+        # The threads the upstream requests run on: kept warm between requests.
+        # At most as many run at once as are admitted; an upstream without a
+        # slot count gets WORKERS_UNLIMITED.
+        self.workers = ThreadPoolExecutor(WORKERS_UNLIMITED, thread_name_prefix="wirecut-proxy")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._probed_at = 0.0
 
@@ -69,6 +78,7 @@ class Proxy:
             self._loop.call_soon_threadsafe(fn)
 
     def close(self) -> None:
+        self.workers.shutdown(wait=False, cancel_futures=True)
         self.upstream.close()
         self.log.close()
 

@@ -18,6 +18,7 @@ retried under a cancelled scope (the transport refuses to connect).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 from dataclasses import dataclass
@@ -182,7 +183,8 @@ def _read(
         channel.put(HEAD)
     splitter = EventSplitter()
     done = False
-    for data in response.iter_bytes():
+    body = response.iter_bytes()
+    for data in body:
         out: list[bytes] = []
         for name, payload in splitter.feed(data):
             failed = _event(name, payload, request, tally, assembler, out)
@@ -206,6 +208,13 @@ def _read(
             if failed is not None:
                 return failed
             done = done or payload == _DONE
+    if done:
+        # Read to the end of the body (its chunked terminator) so that the
+        # connection can serve the next request of this scope; what comes
+        # after [DONE] is not part of the answer.
+        with contextlib.suppress(httpx.HTTPError):
+            for _ in body:
+                pass
     if not (done or tally.finished):
         return RelayResult(
             Outcome.FAILED,

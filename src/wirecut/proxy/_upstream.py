@@ -74,7 +74,11 @@ class Upstream:
         self.http = wirecut.http.client(
             timeout=httpx.Timeout(None, connect=connect_timeout),
             connect_timeout=connect_timeout,
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+            # Shorter than the usual server keep-alive (5 s: uvicorn, llama.cpp),
+            # so that a reused connection is not one the server is closing.
+            limits=httpx.Limits(
+                max_connections=None, max_keepalive_connections=None, keepalive_expiry=2.0
+            ),
             trust_env=False,
         )
 
