@@ -183,8 +183,8 @@ def _read(
         channel.put(HEAD)
     splitter = EventSplitter()
     done = False
-    body = response.iter_bytes()
-    for data in body:
+    pieces = response.iter_bytes()
+    for data in pieces:
         out: list[bytes] = []
         for name, payload in splitter.feed(data):
             failed = _event(name, payload, request, tally, assembler, out)
@@ -213,7 +213,7 @@ def _read(
         # connection can serve the next request of this scope; what comes
         # after [DONE] is not part of the answer.
         with contextlib.suppress(httpx.HTTPError):
-            for _ in body:
+            for _ in pieces:
                 pass
     if not (done or tally.finished):
         return RelayResult(
