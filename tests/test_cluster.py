@@ -660,8 +660,10 @@ def test_a_kill_the_warden_sees_fail_is_reported_worker_exited_false(
         identity = HostIdentity(node, "127.0.0.1", proc.pid, stat.start_ticks)
         config = HostConfig("http://127.0.0.1:9/v1", None, None, "", 16, 1, 1.0, None, 5.0, 5.0)
         pool = HostPool(config)
-        pool.wardens[node] = ray.remote(NodeWarden).options(num_cpus=0).remote()
+        warden = ray.remote(NodeWarden).options(num_cpus=0).remote()
         dummy = ray.remote(NodeWarden).options(num_cpus=0).remote()
+        ray.get([warden.where.remote(), dummy.where.remote()], timeout=60)  # both started
+        pool.wardens[node] = warden
         host = Host(name="test-host", node_id=node, actor=dummy, slots=1, identity=identity)
 
         async def kill() -> bool | None:

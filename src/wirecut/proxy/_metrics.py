@@ -66,8 +66,9 @@ class ProxyMetrics:
 
     def observe(self, record: ProxyRecord) -> None:
         self.requests.labels(str(record.status), str(record.reason or "none")).inc()
-        self.upstream_requests.inc(record.usage.requests)
-        self.completion_tokens.inc(record.usage.completion_tokens)
+        self.upstream_requests.inc(record.usage.requests or 0)
+        if record.usage.completion_tokens is not None:
+            self.completion_tokens.inc(record.usage.completion_tokens)
         self.queued.observe(record.queued_ms)
         if record.cancel_to_upstream_close_ms is not None:
             self.cancel_to_upstream_close.observe(record.cancel_to_upstream_close_ms)

@@ -1,8 +1,9 @@
 """``ProxyRecord``: what the proxy writes, one JSON line per finished request.
 
 The shape is fixed by docs/protocol.md ("The proxy"): the same facts as the
-console's ``complete`` (status, reason, usage, the unwind timeline), for one
-proxied request. Built once per request, on the event loop, by
+console's ``complete``, made of the same parts (``wirecut._record``: the
+status, the usage, the unwind timeline), for one proxied request; only the
+reasons are the proxy's own. Built once per request, on the event loop, by
 ``ProxyRecord.build``; ``RecordLog`` appends it to ``DATA_DIR/proxy.jsonl``.
 """
 
@@ -14,8 +15,16 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from wirecut._record import (
+    WORKER_EXITED,
+    Status,
+    TimelineStep,
+    UsageFacts,
+    unwind_timeline,
+    usage_facts,
+)
 from wirecut.provider import Usage
 from wirecut.scope import InterruptScope, TimelineEvent
 
@@ -31,20 +40,10 @@ __all__ = [
 #: The file under the data directory that holds the records.
 RECORD_FILE = "proxy.jsonl"
 
-#: The timeline event the proxy adds to the scope's own: the thread that
-#: held the upstream request returned (the console's ``complete`` has it too).
-WORKER_EXITED: Literal["worker_exited"] = "worker_exited"
-
-Step = tuple[TimelineEvent | Literal["worker_exited"], float]
-
-
-class RecordStatus(enum.StrEnum):
-    """How a request ended; ``cancelled`` and ``timeout`` mean the answer did not arrive whole."""
-
-    OK = "ok"  # the upstream's answer arrived whole (whatever happened to the client after)
-    CANCELLED = "cancelled"  # cut before its answer arrived: the client left, a cancel, a stop
-    TIMEOUT = "timeout"  # cut by --request-timeout
-    ERROR = "error"  # the upstream refused it, could not be reached, or broke off
+#: How a request ended: the console's ``Status`` (``cancelled`` and ``timeout``
+#: mean the answer did not arrive whole; ``error``: the upstream refused it,
+#: could not be reached, or broke off).
+RecordStatus = Status
 
 
 class RecordReason(enum.StrEnum):
@@ -57,13 +56,13 @@ class RecordReason(enum.StrEnum):
     SHUTDOWN = "shutdown"  # the proxy is stopping
 
     @property
-    def status(self) -> RecordStatus:
+    def status(self) -> Status:
         """The status of a request this reason ended before its answer arrived."""
         if self is RecordReason.TIMEOUT:
-            return RecordStatus.TIMEOUT
+            return Status.TIMEOUT
         if self is RecordReason.UPSTREAM:
-            return RecordStatus.ERROR
-        return RecordStatus.CANCELLED
+            return Status.ERROR
+        return Status.CANCELLED
 
 
 @dataclass(frozen=True)
@@ -81,12 +80,12 @@ class ProxyRecord:
     id: str
     model: str | None
     stream: bool
-    status: RecordStatus
+    status: Status
     reason: RecordReason | None
-    usage: Usage
+    usage: UsageFacts
     queued_ms: float
     cancel_to_upstream_close_ms: float | None
-    timeline: tuple[Step, ...]
+    timeline: tuple[TimelineStep, ...]
 
     @classmethod
     def build(
@@ -110,52 +109,45 @@ class ProxyRecord:
         ``worker_exited`` step to a cut request's timeline.
         """
         if complete:
-            status, reason = RecordStatus.OK, None
+            status, reason = Status.OK, None
         elif reason is None:
-            status = RecordStatus.ERROR  # The proxy's own failure: nobody ended it.
+            status = Status.ERROR  # The proxy's own failure: nobody ended it.
         else:
             status = reason.status
-        steps: list[Step] = []
+        steps: tuple[TimelineStep, ...] = ()
         close_ms = None
-        cancelled_at = scope.cancelled_at
-        if cancelled_at is not None and not complete:
-            steps = [(event, round(ms, 3)) for event, ms in scope.timeline]
-            for event, ms in steps:
-                if event is TimelineEvent.SOCKETS_SHUT:
-                    close_ms = ms
-            if worker_exited_at is not None:
-                exited = round(max(0.0, (worker_exited_at - cancelled_at) * 1000), 3)
-                steps.append((WORKER_EXITED, exited))
-                steps.sort(key=lambda step: step[1])
+        if not complete:
+            steps = unwind_timeline(scope, worker_exited_at) or ()
+            for step in steps:
+                if step.event == TimelineEvent.SOCKETS_SHUT:
+                    close_ms = round(step.ms, 3)
+        counts = usage_facts(usage)
+        if usage.estimated:  # Counted from the deltas: the prompt's count never came.
+            counts = UsageFacts(None, counts.completion_tokens, counts.requests)
         return cls(
             id=id,
             model=model,
             stream=stream,
             status=status,
             reason=reason,
-            usage=usage,
+            usage=counts,
             queued_ms=round(queued_ms, 3),
             cancel_to_upstream_close_ms=close_ms,
-            timeline=tuple(steps),
+            timeline=steps,
         )
 
     def to_json(self) -> dict[str, Any]:
         """The wire shape (a JSON object)."""
-        usage = self.usage
         return {
             "id": self.id,
             "model": self.model,
             "stream": self.stream,
             "status": str(self.status),
             "reason": None if self.reason is None else str(self.reason),
-            "usage": {
-                "prompt_tokens": None if usage.estimated else usage.prompt_tokens,
-                "completion_tokens": usage.completion_tokens,
-                "requests": usage.requests,
-            },
+            "usage": self.usage.to_wire(),
             "queued_ms": self.queued_ms,
             "cancel_to_upstream_close_ms": self.cancel_to_upstream_close_ms,
-            "timeline": [{"event": str(event), "ms": ms} for event, ms in self.timeline],
+            "timeline": [step.to_wire() for step in self.timeline],
         }
 
 

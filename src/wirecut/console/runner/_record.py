@@ -19,9 +19,11 @@ applies the rule, for every runner.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from wirecut._record import NO_USAGE, Status, TimelineStep, UsageFacts, make_timeline
 
 __all__ = [
     "CompleteFacts",
@@ -34,17 +36,6 @@ __all__ = [
     "decide",
     "make_timeline",
 ]
-
-
-class Status(enum.StrEnum):
-    """How a command ended (the ``status`` of its ``complete``)."""
-
-    OK = "ok"  # it did what it was asked; a late cancel may be noted beside it
-    ERROR = "error"  # it failed, or its remote host was lost
-    CANCELLED = (
-        "cancelled"  # cut by a user, a disconnect or the shutdown: its effect did not happen
-    )
-    TIMEOUT = "timeout"  # cut by its timeout: its effect did not happen
 
 
 class Reason(enum.StrEnum):
@@ -97,50 +88,6 @@ def decide(
     if committed or ending is Ending.RETURNED:
         return (Status.ERROR if ending is Ending.FAILED else Status.OK), None, reason
     return reason.status, reason, None
-
-
-@dataclass(frozen=True, slots=True)
-class TimelineStep:
-    """One step of a command's unwind, in milliseconds from its cancel."""
-
-    event: str
-    ms: float
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"event": self.event, "ms": round(self.ms, 3)}
-
-
-def make_timeline(steps: Iterable[tuple[str, float]]) -> tuple[TimelineStep, ...]:
-    """Steps sorted by time (none before the cancel), from ``(event, ms)`` pairs."""
-    made = [TimelineStep(str(event), max(float(ms), 0.0)) for event, ms in steps]
-    return tuple(sorted(made, key=lambda step: step.ms))
-
-
-@dataclass(frozen=True, slots=True)
-class UsageFacts:
-    """What the provider produced for a command; ``None``: a count nobody could know."""
-
-    prompt_tokens: int | None = 0
-    completion_tokens: int | None = 0
-    requests: int | None = 0
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "requests": self.requests,
-        }
-
-    def __add__(self, other: UsageFacts) -> UsageFacts:
-        return UsageFacts(
-            _add(self.prompt_tokens, other.prompt_tokens),
-            _add(self.completion_tokens, other.completion_tokens),
-            _add(self.requests, other.requests),
-        )
-
-
-#: The usage of a command that asked nothing of any provider.
-NO_USAGE = UsageFacts()
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,7 +275,3 @@ class CompleteFacts:
     def replace(self, **changes: Any) -> CompleteFacts:
         """A copy with ``changes`` (dataclasses.replace)."""
         return replace(self, **changes)
-
-
-def _add(a: int | None, b: int | None) -> int | None:
-    return None if a is None or b is None else a + b

@@ -30,6 +30,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from wirecut._record import unwind_timeline, usage_facts
 from wirecut.console.commands import (
     CommandContext,
     CommandError,
@@ -55,8 +56,6 @@ from wirecut.console.runner._record import (
     Ending,
     Lifecycle,
     Reason,
-    UsageFacts,
-    make_timeline,
 )
 from wirecut.provider import ProviderError, Usage
 from wirecut.scope import Interrupted, InterruptScope
@@ -196,14 +195,8 @@ class ThreadPlacement:
         exited = command.worker_exited_at is not None
         if not command.leaked:
             self._live.discard(command)
-        steps = None
-        if scope.cancelled_at is not None:
-            pairs = [(str(event), ms) for event, ms in scope.timeline]
-            if command.worker_exited_at is not None and command.ran:
-                pairs.append(
-                    ("worker_exited", (command.worker_exited_at - scope.cancelled_at) * 1000)
-                )
-            steps = make_timeline(pairs)
+        ran_and_exited = command.worker_exited_at if command.ran else None
+        steps = unwind_timeline(scope, ran_and_exited)
         lifecycle = Lifecycle(
             worker_exited=exited,
             open_requests=counts["sockets"],
@@ -214,11 +207,7 @@ class ThreadPlacement:
         )
         ending, error = _ending(command)
         with command.usage_lock:
-            usage = UsageFacts(
-                command.usage.prompt_tokens,
-                command.usage.completion_tokens,
-                command.usage.requests,
-            )
+            usage = usage_facts(command.usage)
         return CompleteFacts.ended(
             ending,
             command.reason,
