@@ -14,7 +14,8 @@ its proofs to. uvicorn's log lines are passed through a filter that hides
 
 The stop. uvicorn's own shutdown closes every WebSocket at once (code 1012),
 which would end the commands as "disconnect" with no ``complete`` sent. So
-``_ConsoleUvicorn.shutdown`` first cancels every command with reason
+the server's ``before_shutdown`` (``ConsoleState.shutdown``, run by
+``wirecut._uvicorn.Server``) first cancels every command with reason
 "shutdown", waits (within the unwind bound) until each has its ``complete``,
 lets the frames go out, and only then hands over to uvicorn. The signal
 handler itself only sets a flag (uvicorn's): ``scope.cancel()`` takes a lock
@@ -29,9 +30,7 @@ import logging
 import os
 import re
 import secrets
-import socket
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import Any
 
 import uvicorn
 
+from wirecut._uvicorn import Server, ServerThread, http_base
 from wirecut.console.commands import CommandSet, Services
 from wirecut.console.runner import CommandRunner, Runner, RunnerLimits
 from wirecut.console.server._access import HostPolicy
@@ -243,45 +243,6 @@ class _ConnectionCollector:
         yield dropped
 
 
-class _ConsoleUvicorn(uvicorn.Server):
-    """uvicorn that ends the console's commands before it closes their connections."""
-
-    def __init__(
-        self,
-        config: uvicorn.Config,
-        state: ConsoleState,
-        on_listening: Callable[[str, int], None],
-    ) -> None:
-        super().__init__(config)
-        self._console = state
-        self._on_listening = on_listening
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if self.should_exit:  # The bind failed: uvicorn said so and is leaving.
-            return
-        host, port = self.servers[0].sockets[0].getsockname()[:2]
-        self._on_listening(str(host), int(port))
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        await self._console.shutdown()
-        await super().shutdown(sockets)
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        if not hasattr(self, "_captured_signals"):
-            raise RuntimeError(
-                "uvicorn.Server has no _captured_signals: this uvicorn is not one "
-                "wirecut was checked against (see pyproject.toml's cap)"
-            )
-        with super().capture_signals():
-            yield
-            # uvicorn re-raises the SIGINT/SIGTERM it caught once it has shut
-            # down; for `wirecut serve` a signal is the normal way to stop,
-            # so the process exits 0 instead of dying of the signal again.
-            self._captured_signals.clear()
-
-
 def _uvicorn_config(state: ConsoleState, host: str, port: int) -> uvicorn.Config:
     assert state.guard is not None, "build the state with build_state()"
     config = GuardedConfig(
@@ -315,7 +276,7 @@ _REDACT_TOKENS = _RedactTokens()
 
 
 def _http_url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+    return http_base(host, port) + "/"
 
 
 class ConsoleServer:
@@ -342,38 +303,20 @@ class ConsoleServer:
         self.config = config
         self.provider = provider
         self.state = build_state(config, provider, runner=runner, commands=commands)
-        self._address: tuple[str, int] | None = None
-        self._listening = threading.Event()
-        self._server = _ConsoleUvicorn(
-            _uvicorn_config(self.state, config.host, config.port), self.state, self._on_listening
+        self._thread = ServerThread(
+            _uvicorn_config(self.state, config.host, config.port),
+            what="console",
+            before_shutdown=self.state.shutdown,
         )
-        self._thread = threading.Thread(
-            target=self._server.run, name="wirecut-console", daemon=True
-        )
-
-    def _on_listening(self, host: str, port: int) -> None:
-        self._address = (host, port)
-        self._listening.set()
 
     def start(self, timeout: float = 10.0) -> ConsoleServer:
-        self._thread.start()
-        if not self._listening.wait(timeout) or self._address is None:
-            self.stop()
-            raise RuntimeError(
-                f"the console did not listen on {self.config.host}:{self.config.port}"
-            )
+        """Listen; RuntimeError naming the cause if it cannot (see ``ServerThread``)."""
+        self._thread.start(timeout)
         return self
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop and join; a thread still alive after a forced exit is a RuntimeError."""
-        if not self._thread.is_alive():
-            return
-        self._server.should_exit = True
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            self._server.force_exit = True
-            self._thread.join(5)
-            raise RuntimeError(f"the console thread was still running {timeout} s after stop")
+        """End every command (each gets its complete), stop uvicorn and join its thread."""
+        self._thread.stop(timeout)
 
     def __enter__(self) -> ConsoleServer:
         return self.start()
@@ -388,14 +331,12 @@ class ConsoleServer:
 
     @property
     def port(self) -> int:
-        assert self._address is not None, "not listening"
-        return self._address[1]
+        return self._thread.address[1]
 
     @property
     def url(self) -> str:
         """``http://HOST:PORT/``: the page."""
-        assert self._address is not None, "not listening"
-        return _http_url(*self._address)
+        return _http_url(*self._thread.address)
 
     @property
     def ws_url(self) -> str:
@@ -446,7 +387,11 @@ def serve_forever(
         echo(f"wirecut console: {shown}")
         sys.stdout.flush()
 
-    server = _ConsoleUvicorn(_uvicorn_config(state, config.host, config.port), state, on_listening)
+    server = Server(
+        _uvicorn_config(state, config.host, config.port),
+        on_listening=on_listening,
+        before_shutdown=state.shutdown,
+    )
     try:
         server.run()
     finally:
