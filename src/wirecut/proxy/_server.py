@@ -12,54 +12,17 @@ hands over to uvicorn.
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import TracebackType
 
 import uvicorn
 
+from wirecut._uvicorn import Server, ServerThread, http_base
 from wirecut.proxy._app import create_app
 from wirecut.proxy._config import ProxyConfig
 from wirecut.proxy._proxy import Proxy
 
 __all__ = ["ProxyServer", "serve_forever"]
-
-
-class _ProxyUvicorn(uvicorn.Server):
-    """uvicorn that cuts the proxy's requests before it waits for them."""
-
-    def __init__(
-        self, config: uvicorn.Config, proxy: Proxy, on_listening: Callable[[str, int], None]
-    ) -> None:
-        super().__init__(config)
-        self._proxy = proxy
-        self._on_listening = on_listening
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if self.should_exit:  # The bind failed: uvicorn said so and is leaving.
-            return
-        host, port = self.servers[0].sockets[0].getsockname()[:2]
-        self._on_listening(str(host), int(port))
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        await self._proxy.shutdown()
-        await super().shutdown(sockets)
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        if not hasattr(self, "_captured_signals"):
-            raise RuntimeError(
-                "uvicorn.Server has no _captured_signals: this uvicorn is not one "
-                "wirecut was checked against (see pyproject.toml's cap)"
-            )
-        with super().capture_signals():
-            yield
-            # A signal is the normal way to stop `wirecut proxy`: exit 0
-            # rather than die of the signal uvicorn would raise again.
-            self._captured_signals.clear()
 
 
 def _uvicorn_config(proxy: Proxy) -> uvicorn.Config:
@@ -74,10 +37,6 @@ def _uvicorn_config(proxy: Proxy) -> uvicorn.Config:
         backlog=2048,
         timeout_graceful_shutdown=5,
     )
-
-
-def http_url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 class ProxyServer:
@@ -97,32 +56,21 @@ class ProxyServer:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
         self.proxy = Proxy(config)
-        self._address: tuple[str, int] | None = None
-        self._listening = threading.Event()
-        self._server = _ProxyUvicorn(_uvicorn_config(self.proxy), self.proxy, self._on_listening)
-        self._thread = threading.Thread(target=self._server.run, name="wirecut-proxy", daemon=True)
-
-    def _on_listening(self, host: str, port: int) -> None:
-        self._address = (host, port)
-        self._listening.set()
+        self._thread = ServerThread(
+            _uvicorn_config(self.proxy), what="proxy", before_shutdown=self.proxy.shutdown
+        )
 
     def start(self, timeout: float = 10.0) -> ProxyServer:
+        """Ask the upstream what it is, then listen (see ``ServerThread.start``)."""
         self.proxy.probe()
-        self._thread.start()
-        if not self._listening.wait(timeout) or self._address is None:
-            self.stop()
-            raise RuntimeError(f"the proxy did not listen on {self.config.host}:{self.config.port}")
+        self._thread.start(timeout)
         return self
 
     def stop(self, timeout: float = 30.0) -> None:
-        if self._thread.is_alive():
-            self._server.should_exit = True
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                self._server.force_exit = True
-                self._thread.join(5)
-                raise RuntimeError(f"the proxy thread was still running {timeout} s after stop")
-        self.proxy.close()
+        try:
+            self._thread.stop(timeout)
+        finally:
+            self.proxy.close()
 
     def __enter__(self) -> ProxyServer:
         return self.start()
@@ -137,16 +85,12 @@ class ProxyServer:
 
     @property
     def port(self) -> int:
-        if self._address is None:
-            raise RuntimeError("the proxy is not listening")
-        return self._address[1]
+        return self._thread.address[1]
 
     @property
     def url(self) -> str:
         """``http://HOST:PORT``: the proxy's root (``/health``, ``/metrics``)."""
-        if self._address is None:
-            raise RuntimeError("the proxy is not listening")
-        return http_url(*self._address)
+        return http_base(*self._thread.address)
 
     @property
     def base_url(self) -> str:
@@ -161,9 +105,9 @@ def serve_forever(proxy: Proxy, *, on_listening: Callable[[str], None]) -> int:
     """
 
     def listening(host: str, port: int) -> None:
-        on_listening(http_url(host, port) + "/v1")
+        on_listening(http_base(host, port) + "/v1")
 
-    server = _ProxyUvicorn(_uvicorn_config(proxy), proxy, listening)
+    server = Server(_uvicorn_config(proxy), on_listening=listening, before_shutdown=proxy.shutdown)
     try:
         server.run()
     finally:

@@ -194,9 +194,11 @@ class SimulatorServer:
         )
 
     def _bound(self) -> tuple[str, int]:
-        if self._state is not ServerState.RUNNING:
-            raise RuntimeError(f"SimulatorServer is {self._state.value}, not listening")
-        return self._thread.address
+        # The address it listened on stays known once it stopped.
+        try:
+            return self._thread.address
+        except RuntimeError:
+            raise RuntimeError(f"SimulatorServer is {self._state.value}, not listening") from None
 
 
 def serve_forever(
