@@ -34,6 +34,7 @@ from wirecut.console.commands import Services
 from wirecut.console.runner import CommandRunner, Runner
 from wirecut.console.server._app import ConsoleState, create_app
 from wirecut.console.server._metrics import ConsoleMetrics
+from wirecut.console.server._slot_watch import SlotWatch
 
 __all__ = [
     "ConsoleConfig",
@@ -145,6 +146,12 @@ def build_state(
         max_tokens=config.max_tokens,
     )
     metrics = ConsoleMetrics()
+    # How long a cut request kept its provider slot (docs/cancellation-limits.md).
+    metrics.slot_watch = SlotWatch(
+        provider.base_url.rstrip("/").removesuffix("/v1"),
+        registry=metrics.registry,
+        api_key=config.api_key,
+    )
     made: Runner
     if runner is None:
         made = CommandRunner(
