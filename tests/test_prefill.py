@@ -169,6 +169,20 @@ def test_after_a_cut_a_provider_without_slots_gives_null_not_zero(
 # -- the real llama.cpp --------------------------------------------------------------------
 
 
+def test_local_server_takes_batch_sizes_and_refuses_a_ubatch_above_its_batch(
+    tmp_path: Path,
+) -> None:
+    from wirecut.local import LocalServer
+
+    default = LocalServer(tmp_path)
+    assert (default.batch_size, default.ubatch_size) == (256, 256)
+    assert LocalServer(tmp_path, batch_size=64).ubatch_size == 64
+    with pytest.raises(ValueError, match="ubatch_size"):
+        LocalServer(tmp_path, batch_size=128, ubatch_size=256)
+    with pytest.raises(ValueError, match="ubatch_size"):
+        LocalServer(tmp_path, batch_size=0)
+
+
 def _get_json(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=10) as response:
         return json.loads(response.read())

@@ -559,9 +559,11 @@ _PREFILL_ADVICE = {
         "share of a prompt is short."
     ),
     ProviderKind.OLLAMA: (
-        "a cut during prompt processing held the model: Ollama's runner checks for a cancelled "
-        "request between batches of num_batch prompt tokens (512 by default). Lower it in the "
-        "model's options (PARAMETER num_batch 128 in a Modelfile, or options.num_batch)."
+        "a cut during prompt processing held the model: Ollama runs llama.cpp's server with "
+        "its --batch-size and --ubatch-size set from num_batch (512 by default), and llama.cpp "
+        "acts on a cancelled request only between such batches (Ollama's older runner only at "
+        "the first token, after the whole prompt). Lower num_batch in the model's options "
+        "(PARAMETER num_batch 128 in a Modelfile, or options.num_batch)."
     ),
     ProviderKind.UNKNOWN: (
         "a cut during prompt processing held the request: this provider finishes (a batch of) "
