@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 from starlette.applications import Starlette
@@ -271,6 +272,28 @@ def test_doctor_prefill_says_not_released_when_the_prompt_is_one_long_batch() ->
     assert any("--batch-size" in line and "--ubatch-size" in line for line in report["advice"])
     # The slot was still held: the simulator had not yet seen the close.
     assert not any(ev.kind == EventKind.PEER_CLOSED for ev in events)
+
+
+@pytest.mark.parametrize(
+    ("release_ms", "advised"),
+    [(1500.0, False), (2994.3, False), (4475.0, True), (None, True)],
+)
+def test_prefill_advice_comes_only_when_the_slot_was_certainly_held_past_2_s(
+    release_ms: float | None, advised: bool
+) -> None:
+    from wirecut.proof._doctor import Check, CheckMode, advise
+    from wirecut.proof._watchers import LlamaWatcher
+
+    with httpx.Client() as http:
+        watcher = LlamaWatcher("http://x", http, use_slots=True, use_metrics=True, slots=2)
+    checks = [
+        Check(CheckMode.STREAM, True, 1500.0, "/slots"),
+        Check(CheckMode.PREFILL, release_ms is not None, release_ms, "/slots"),
+    ]
+    # Readings 1.5 s apart: a release seen at 2994 ms may have come at 1495 ms.
+    advice = advise(watcher, checks, poll_interval=1.5)
+    assert any("--batch-size" in line for line in advice) is advised
+    assert any("nothing to change" in line for line in advice) is (not advised)
 
 
 def test_doctor_prints_a_report_for_people_without_json() -> None:

@@ -222,7 +222,7 @@ def run_doctor(
             raise DoctorError(f"lost the provider at {base_url} while watching it: {exc}") from None
         finally:
             doctor.client.close()
-        report.advice = advise(watcher, report.checks)
+        report.advice = advise(watcher, report.checks, doctor.poller.interval)
         return report
 
 
@@ -548,9 +548,9 @@ _PREFILL_ADVICE = {
     ProviderKind.LLAMA_CPP: (
         "a cut during prompt processing held the slot: llama.cpp acts on a cancelled task only "
         "between batches of --batch-size prompt tokens (2048 by default). Start llama-server "
-        "with smaller batches, e.g. --batch-size 256 --ubatch-size 256 on a CPU: a batch then "
-        "takes well under a second, and prompt throughput stays about the same "
-        "(docs/cancellation-limits.md)."
+        "with smaller batches (--batch-size and --ubatch-size, e.g. 256 or less on a CPU: 256 "
+        "tokens took under a second on two idle cores, at the default's prompt throughput), "
+        "or give it a less loaded machine (docs/cancellation-limits.md)."
     ),
     ProviderKind.VLLM: (
         "a cut during prompt processing held the request: vLLM drops an aborted request between "
@@ -573,8 +573,13 @@ _PREFILL_ADVICE = {
 }
 
 
-def advise(watcher: Watcher, checks: list[Check]) -> list[str]:
-    """Advice that fits what was found (one sentence each)."""
+def advise(watcher: Watcher, checks: list[Check], poll_interval: float = 0.0) -> list[str]:
+    """Advice that fits what was found (one sentence each).
+
+    ``poll_interval``: seconds between the readings; a release seen at
+    ``release_ms`` happened after the reading before it, ``poll_interval``
+    earlier.
+    """
     by_mode = {check.mode: check for check in checks}
     advice: list[str] = []
     stream = by_mode.get(CheckMode.STREAM)
@@ -610,12 +615,18 @@ def advise(watcher: Watcher, checks: list[Check]) -> list[str]:
             "give llama-server as many slots (-np) as requests you run at once."
         )
     prefill = by_mode.get(CheckMode.PREFILL)
+    slow_prefill = False
     if prefill is not None and (
         prefill.released is False
-        or (prefill.release_ms is not None and prefill.release_ms > PREFILL_TARGET_MS)
+        or (
+            # Still busy at the reading before: certainly held past the target.
+            prefill.release_ms is not None
+            and prefill.release_ms - poll_interval * 1000 > PREFILL_TARGET_MS
+        )
     ):
+        slow_prefill = True
         advice.append(_PREFILL_ADVICE.get(watcher.kind, _PREFILL_ADVICE[ProviderKind.UNKNOWN]))
-    if checks and all(check.released is True for check in checks):
+    if checks and all(check.released is True for check in checks) and not slow_prefill:
         advice.append(
             "every cut was released: cancelling through wirecut frees the slot on this provider; "
             "nothing to change."
