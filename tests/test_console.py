@@ -585,6 +585,7 @@ def test_health_and_metrics_want_the_token(console: Console) -> None:
         "workers": {"max": 4, "busy": 0, "queued": 0, "leaked": 0},
         "requests": {"open": 0},
         "processes": {"open": 0},
+        "slots": {"busy_after_cut": 0},
     }
 
 

@@ -42,6 +42,15 @@ from wirecut.scope import kill_process_group, unwatch_group, watch_group
 
 __all__ = ["LocalServer", "ServerState"]
 
+#: llama.cpp's n_batch and n_ubatch for the embedded server (llama.cpp's own
+#: defaults: 2048 and 512). llama.cpp acts on a cancelled task only between
+#: batches of n_batch prompt tokens, so n_batch bounds how long a cut during
+#: prompt processing keeps the slot: 256 tokens take well under a second here,
+#: at the default's prompt throughput. Table: docs/cancellation-limits.md
+#: (bench/bench_prefill.py).
+BATCH_SIZE = 256
+UBATCH_SIZE = 256
+
 _STDERR_TAIL_LINES = 30
 _HEALTH_POLL_S = 0.05
 
@@ -65,6 +74,9 @@ class LocalServer:
 
     ``port=0`` picks a free port. ``ctx_size`` is the context shared by the
     ``n_parallel`` slots (each gets ``ctx_size // n_parallel`` tokens).
+    ``batch_size`` and ``ubatch_size`` are llama.cpp's ``n_batch`` and
+    ``n_ubatch`` (default ``BATCH_SIZE``, ``UBATCH_SIZE``): the prompt tokens
+    between two looks at a cancelled request.
     ``start()`` assembles the model on first use (``ensure_model``), then
     blocks until ``/health`` answers or ``startup_timeout`` seconds pass.
 
@@ -82,6 +94,8 @@ class LocalServer:
         threads: int = 2,
         n_parallel: int = 2,
         ctx_size: int = 8192,
+        batch_size: int | None = None,
+        ubatch_size: int | None = None,
         startup_timeout: float = 60.0,
         stop_grace: float = 2.0,
     ) -> None:
@@ -92,6 +106,12 @@ class LocalServer:
                 raise ValueError(f"{name} must be at least 1, not {value}")
         if ctx_size < 256 * n_parallel:
             raise ValueError(f"ctx_size must be at least 256 per slot, not {ctx_size}")
+        batch_size = BATCH_SIZE if batch_size is None else batch_size
+        ubatch_size = min(UBATCH_SIZE, batch_size) if ubatch_size is None else ubatch_size
+        if not 1 <= ubatch_size <= batch_size:
+            raise ValueError(
+                f"need 1 <= ubatch_size <= batch_size, not {ubatch_size} and {batch_size}"
+            )
         for name, seconds in (("startup_timeout", startup_timeout), ("stop_grace", stop_grace)):
             if not (math.isfinite(seconds) and seconds > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, not {seconds}")
@@ -101,6 +121,8 @@ class LocalServer:
         self.threads = threads
         self.n_parallel = n_parallel
         self.ctx_size = ctx_size
+        self.batch_size = batch_size
+        self.ubatch_size = ubatch_size
         self.startup_timeout = startup_timeout
         self.stop_grace = stop_grace
         self.model = MODEL_NAME
@@ -262,6 +284,10 @@ class LocalServer:
             str(self.n_parallel),
             "--ctx-size",
             str(self.ctx_size),
+            "--batch-size",
+            str(self.batch_size),
+            "--ubatch-size",
+            str(self.ubatch_size),
         ]
         # PR_SET_PDEATHSIG fires when the *thread* that forked the child ends:
         # ask for it only from the main thread, whose end is the process's.

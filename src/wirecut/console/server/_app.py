@@ -139,7 +139,10 @@ def create_app(state: ConsoleState) -> Starlette:
     async def health(request: Request) -> Response:
         if not state.authorized(request):
             return JSONResponse({"error": "a valid token is required"}, status_code=401)
-        return JSONResponse(state.runner.health())
+        body = state.runner.health()
+        if state.metrics.slot_watch is not None:
+            body = {**body, "slots": state.metrics.slot_watch.health()}
+        return JSONResponse(body)
 
     async def commands(request: Request) -> Response:
         if not state.authorized(request):
@@ -177,6 +180,8 @@ def create_app(state: ConsoleState) -> Starlette:
         with route_stdio():
             yield
             await state.shutdown()
+            if state.metrics.slot_watch is not None:
+                await state.metrics.slot_watch.aclose()
 
     return Starlette(
         routes=[

@@ -14,6 +14,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from wirecut.console.runner import CompleteFacts, Runner
+from wirecut.console.server._slot_watch import SlotWatch
 
 __all__ = ["CONTENT_TYPE", "ConsoleMetrics"]
 
@@ -57,6 +58,8 @@ class ConsoleMetrics:
             registry=self.registry,
         )
         self._runner: Runner | None = None
+        #: Watches the provider's slots after a cut, when set (``build_state``).
+        self.slot_watch: SlotWatch | None = None
         self.registry.register(_HealthCollector(self))
 
     def attach(self, runner: Runner) -> None:
@@ -74,6 +77,8 @@ class ConsoleMetrics:
             self.cancel_to_provider_close.observe(shut)
         if lifecycle.worker_exited is False:
             self.leaked_total.inc()
+        if self.slot_watch is not None:
+            self.slot_watch.completed(facts, cancel_to_complete_ms)
 
     def output_dropped(self, characters: int) -> None:
         self.dropped.inc(characters)

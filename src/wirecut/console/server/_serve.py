@@ -53,6 +53,7 @@ from wirecut.console.server._limits import (
     raise_descriptor_limit,
 )
 from wirecut.console.server._metrics import ConsoleMetrics
+from wirecut.console.server._slot_watch import SlotWatch
 
 __all__ = [
     "ConsoleConfig",
@@ -191,6 +192,12 @@ def build_state(
         max_tokens=config.max_tokens,
     )
     metrics = ConsoleMetrics()
+    # How long a cut request kept its provider slot (docs/cancellation-limits.md).
+    metrics.slot_watch = SlotWatch(
+        provider.base_url.rstrip("/").removesuffix("/v1"),
+        registry=metrics.registry,
+        api_key=config.api_key,
+    )
     made: Runner
     if runner is None:
         made = CommandRunner(
