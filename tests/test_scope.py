@@ -36,7 +36,7 @@ from wirecut.scope import (
     kill_process_group,
 )
 from wirecut.scope._process import group_members, parse_stat, proc_stat, wait_exited
-from wirecut.scope._timers import SYSTEM_CLOCK
+from wirecut.scope._timers import SYSTEM_CLOCK, SystemClock
 
 BOUND = 5.0  # seconds: generous bound for "promptly" on a shared, noisy machine
 HUGE = 1e10  # seconds: above threading.TIMEOUT_MAX, which no wait may exceed
@@ -219,6 +219,21 @@ def test_the_timer_thread_survives_a_callback_that_raises(
     with pytest.raises(Interrupted):
         witness.sleep(BOUND)
     assert "raised by a timer callback" in caplog.text
+
+
+def test_an_earlier_deadline_wakes_the_timer_thread_and_a_later_one_waits_its_turn() -> None:
+    clock = SystemClock()  # a clock of its own: nothing else is queued on it
+    order: list[str] = []
+    done = threading.Event()
+    far = clock.call_later(3600, lambda: order.append("far"))
+    warm = threading.Event()
+    clock.call_later(0, warm.set)
+    assert warm.wait(BOUND)  # the thread ran: it now sleeps until the far deadline
+    clock.call_later(0.01, lambda: order.append("near"))  # earlier: must wake the thread
+    clock.call_later(0.02, lambda: (order.append("later"), done.set()))  # later: no wake
+    assert done.wait(BOUND)
+    assert order == ["near", "later"]
+    far.cancel()
 
 
 def test_a_timeout_whose_cut_raises_still_cancels_everything(

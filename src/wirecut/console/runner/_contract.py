@@ -8,6 +8,7 @@ Every method is called on the server's event loop.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from wirecut.console.commands import CommandSet, Session, Stream
@@ -71,6 +72,9 @@ class Runner(Protocol):
 
     def cancel(self, command: Command, reason: str) -> bool:
         """Cancel with ``reason`` (first reason wins); False if already cancelled or done."""
+
+    def cancel_all(self, commands: Iterable[Command], reason: str) -> int:
+        """Cancel each of ``commands`` in one pass, the cuts first; how many this cancelled."""
 
     def confirm(self, command: Command) -> bool:
         """The client confirmed; False if the command is not waiting for a confirmation."""

@@ -23,11 +23,13 @@ Everything here runs on the event loop the core was started on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import math
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -309,6 +311,19 @@ class RunnerCore:
         command.wake.set()
         return True
 
+    def cancel_all(self, commands: Iterable[Command], reason: str) -> int:
+        """Cancel each of ``commands`` with ``reason`` in one pass; how many this cancelled.
+
+        The cuts come first and together: a thread that a cut wakes would take
+        the GIL as soon as the canceller let it go, and a burst of 64 cuts was
+        paced by the woken workers' unwinding (30-45 ms). So the pass runs
+        with a long thread switch interval, which keeps the GIL with the
+        canceller until every command is cut (each cut is a few microseconds
+        and never blocks); the woken workers unwind after it.
+        """
+        with _uninterrupted():
+            return sum(self.cancel(command, reason) for command in list(commands))
+
     def confirm(self, command: Command) -> bool:
         """The client confirmed; False if the command is not waiting for a confirmation."""
         if command.placement is None or command.state is not CommandState.RUNNING:
@@ -327,8 +342,7 @@ class RunnerCore:
     async def shutdown(self, reason: str = "shutdown") -> None:
         """Cancel every command with ``reason``, wait for each ``complete``, stop the placements."""
         self._closing = True
-        for command in self.live():
-            self.cancel(command, reason)
+        self.cancel_all(self.live(), reason)
         if self._drivers:
             await asyncio.wait(set(self._drivers))
         await self._stop_placements()
@@ -437,6 +451,26 @@ class _NoObserver:
 
     def output_dropped(self, characters: int) -> None:
         pass
+
+
+#: The thread switch interval while a burst of cuts runs (seconds): longer than
+#: any burst takes, so no woken worker forces the canceller to let go of the GIL.
+_BURST_SWITCH_INTERVAL = 0.25
+
+
+@contextlib.contextmanager
+def _uninterrupted() -> Iterator[None]:
+    """Keep the GIL with this thread for the block (a longer switch interval), then restore it.
+
+    Only for short blocks that never block on anything (the interval is the
+    whole process's): a burst of cuts.
+    """
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(max(before, _BURST_SWITCH_INTERVAL))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 def _ms(command: Command) -> float:

@@ -97,8 +97,7 @@ class Connection:
                     self.error("the server failed to handle this frame (see its log)")
         finally:
             self.closed = True
-            for command in list(self._commands.values()):
-                self.runner.cancel(command, "disconnect")
+            self.runner.cancel_all(self._commands.values(), "disconnect")
             self._outbox.put_nowait(None)
             if self._closer is not None:
                 await asyncio.shield(self._closer)
@@ -164,8 +163,7 @@ class Connection:
 
     def _cancel(self, frame: Cancel) -> None:
         if frame.id is None:
-            for command in list(self._commands.values()):
-                self.runner.cancel(command, "user")
+            self.runner.cancel_all(self._commands.values(), "user")
             return
         found = self._commands.get(frame.id)
         if found is None:
@@ -236,8 +234,7 @@ class Connection:
 
     async def _close_slow_reader(self) -> None:
         # Called back from the runner (output, complete): cancel from a task of its own.
-        for command in list(self._commands.values()):
-            self.runner.cancel(command, "disconnect")
+        self.runner.cancel_all(self._commands.values(), "disconnect")
         if self._sender is not None:
             self._sender.cancel()
         while not self._outbox.empty():  # what waited is dropped with the connection
