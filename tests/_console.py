@@ -10,6 +10,7 @@ woken by the frame it waits for) with the tests' conveniences on top.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,13 +20,13 @@ from typing import Any
 import httpx
 from websockets.sync.client import ClientConnection
 
-from wirecut.console.commands import CommandSet
+from wirecut.console.commands import Command, CommandContext, CommandSet, command
 from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
 from wirecut.proof._console_client import ConsoleClient as _Client
 from wirecut.proof._console_client import Frame, Received
 from wirecut.simulator import SimConfig, SimulatorServer
 
-__all__ = ["Console", "ConsoleClient", "running_console"]
+__all__ = ["Console", "ConsoleClient", "gate_command", "running_console"]
 
 
 @dataclass
@@ -57,6 +58,20 @@ def running_console(
         console_config = ConsoleConfig(port=0, data_dir=tmp_path, **config)
         with ConsoleServer(console_config, provider, commands=commands) as server:
             yield Console(server, simulator, tmp_path)
+
+
+def gate_command(opened: threading.Event, bound: float = 60.0) -> Command:
+    """``test-gate``: runs, silent, until ``opened`` is set (or ``bound`` seconds), then ends ok.
+
+    A command that ends on its own exactly when the test says so; a cancel
+    ends it at once, as any command (the scope's wait is a cancellation point).
+    """
+
+    @command("test-gate", usage="test-gate", summary="(tests) runs until the test opens a gate")
+    def gate(ctx: CommandContext, args: list[str]) -> None:
+        ctx.scope.wait(opened, bound)
+
+    return gate
 
 
 class ConsoleClient:
