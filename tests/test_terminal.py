@@ -19,8 +19,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,12 @@ import pytest
 from prompt_toolkit.completion import CompleteEvent
 from prompt_toolkit.document import Document
 from rich.console import Console as RichConsole
-from tests._console import Console, running_console, wait_health
+from tests._console import Console, gate_command, running_console, wait_health
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+from websockets.sync.server import ServerConnection, serve
 
+from wirecut.console.commands import builtin_commands
 from wirecut.console.terminal import (
     EXIT_CANCELLED,
     EXIT_TIMEOUT,
@@ -579,6 +584,154 @@ def test_a_question_left_unanswered_ends_with_the_commands_timeout(
         assert [note.state.value for note in store.notes()] == ["active"]
         child.sendeof()
         assert finish(child) == 0
+
+
+# -- a cancel that crosses its command's complete ------------------------------------------
+
+Frame = dict[str, Any]
+
+
+class LateCancelRelay:
+    """A WebSocket relay between one client and a console that makes cancels come late.
+
+    Frames pass as they are, in order, except a client's ``cancel`` for an id
+    whose ``complete`` has not passed yet: it waits at the relay and goes on
+    right after that ``complete``, as if it had crossed it on the wire (what a
+    slow uplink does to a Ctrl+C pressed as a command ends). ``inject`` sends a
+    frame of the test's to the console as the client's. Every frame the
+    console sends is kept for ``wait_down``. Threads: one per direction.
+    """
+
+    def __init__(self, upstream_url: str) -> None:
+        self.upstream_url = upstream_url
+        self._cond = threading.Condition()  # guards everything below; wakes the waits
+        self._upstream: ClientConnection | None = None
+        self._held: dict[str, str] = {}  # id -> its cancel, not yet sent
+        self._completed: set[str] = set()
+        self.down: list[Frame] = []
+        self._server = serve(self._relay, "127.0.0.1", 0, max_size=None)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self._server.socket.getsockname()[1]}/api/console"
+
+    def _relay(self, client: ServerConnection) -> None:
+        with connect(self.upstream_url, max_size=None) as upstream:
+            with self._cond:
+                self._upstream = upstream
+            back = threading.Thread(target=self._down, args=(upstream, client), daemon=True)
+            back.start()
+            try:
+                for message in client:
+                    frame = json.loads(message)
+                    with self._cond:
+                        id = frame.get("id")
+                        if frame.get("type") == "cancel" and id not in self._completed:
+                            self._held[id] = str(message)
+                            continue
+                        upstream.send(message)
+            except ConnectionClosed:
+                pass
+        back.join(BOUND)
+
+    def _down(self, upstream: ClientConnection, client: ServerConnection) -> None:
+        try:
+            for message in upstream:
+                frame = json.loads(message)
+                client.send(message)
+                with self._cond:
+                    self.down.append(frame)
+                    if frame.get("type") == "complete":
+                        self._completed.add(frame["id"])
+                        late = self._held.pop(frame["id"], None)
+                        if late is not None:
+                            upstream.send(late)
+                    self._cond.notify_all()
+        except ConnectionClosed:
+            pass
+        client.close()
+
+    def inject(self, frame: Frame) -> None:
+        with self._cond:
+            assert self._upstream is not None, "no client is connected"
+            self._upstream.send(json.dumps(frame))
+
+    def wait_down(self, match: Callable[[Frame], bool]) -> Frame:
+        """The first frame the console sent that ``match``es (bounded)."""
+        with self._cond:
+            found = self._cond.wait_for(lambda: next(filter(match, self.down), None), BOUND)
+        assert found is not None, f"the console sent no such frame: {self.down[-5:]}"
+        return found
+
+    def __enter__(self) -> LateCancelRelay:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._server.shutdown()
+        self._thread.join(BOUND)
+
+
+def test_a_ctrl_c_that_crosses_its_commands_end_shows_nothing_other_errors_show(
+    tmp_path: Path, spawn: Spawner
+) -> None:
+    """The server answers a cancel that came after the complete with an error naming the id
+    in "ref": the user pressed Ctrl+C as the command ended, which is not news."""
+    opened = threading.Event()
+    commands = builtin_commands().plus(gate_command(opened))
+    with (
+        running_console(server_dir(tmp_path), commands=commands) as console,
+        LateCancelRelay(console.server.ws_url) as relay,
+    ):
+        child = spawn(relay.url + f"?token={console.server.token}")
+        seen = _record(child)
+        child.expect(PROMPT)
+        child.sendline("test-gate")
+        child.expect(words(r"Ctrl\+C", "cancels"))
+        child.sendintr()
+        child.expect("cancelling…")  # the cancel is sent: the relay holds it
+        opened.set()  # so the command ends on its own, and its complete goes out first
+        child.expect(words("ok", "·"))
+        child.expect(PROMPT)
+        crossed = relay.wait_down(lambda f: f["type"] == "error")
+        assert (crossed["id"], crossed["ref"]) == (None, "c1")
+        # The console answers frames in order and the client shows them in
+        # order: once the next line's end is on the screen, the error came before.
+        child.sendline("jobs")
+        child.expect(words("ok", "·"))
+        child.expect(PROMPT)
+        assert "no live command" not in seen.getvalue()
+        assert "server:" not in seen.getvalue()
+
+        # An error about an id that is not one of this client's is still shown.
+        relay.inject({"type": "cancel", "id": "zz"})
+        child.expect(words("server:", "no", "live", "command", "with", "id", "'zz'"))
+        child.sendeof()
+        assert finish(child) == 0
+
+
+def test_a_close_reason_from_the_server_is_shown_never_obeyed(client_env: dict[str, str]) -> None:
+    """A server that closes with a reason holding escape sequences: one visible error line."""
+    reason = "bye " + "".join(HOSTILE) + "\nnext"
+
+    def close_with_reason(ws: ServerConnection) -> None:
+        ws.send(json.dumps({"type": "ready", "version": "0", "prompt": "wirecut> "}))
+        ws.recv(BOUND)  # the run frame
+        ws.close(4000, reason)
+
+    with serve(close_with_reason, "127.0.0.1", 0) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        port = server.socket.getsockname()[1]
+        result = run_c(f"ws://127.0.0.1:{port}/api/console?token=t", "sleep 1", client_env)
+        server.shutdown()
+        thread.join(BOUND)
+    assert result.returncode == 1
+    line = one_line(result.stderr)
+    assert "closed the connection (code 4000: bye " + "".join(SHOWN) + "␊next)" in line
+    assert "\x1b" not in result.stderr
+    assert "\x07" not in result.stderr
 
 
 # -- finding the console, and failing clearly ----------------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -23,7 +24,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
-from _console import Console, running_console, wait_health
+from _console import Console, gate_command, running_console, wait_health
+from wirecut.console.commands import builtin_commands
 from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
 from wirecut.memory import NoteState, NoteStore
 from wirecut.simulator import SimConfig
@@ -690,3 +692,65 @@ def test_a_long_confirmation_is_preformatted_and_scrolls_inside_the_dialog(
         page.keyboard.press("Enter")
         expect_state(block, "ok")
         assert sum(1 for note in store.notes() if note.state is NoteState.ARCHIVED) == 20
+
+
+def test_an_escape_that_crosses_its_commands_end_shows_nothing_other_errors_show(
+    page: Page, tmp_path: Path
+) -> None:
+    """The server answers a cancel that came after the complete with an error naming the id
+    in "ref": the user pressed Esc as the command ended, which is not news.
+
+    The WebSocket route passes frames as they are, except that it keeps the
+    page's cancel until the command's complete has passed, as if the two had
+    crossed on the wire (a slow uplink).
+    """
+    opened = threading.Event()
+    down: list[dict[str, Any]] = []
+    routes: list[Any] = []
+
+    def late_cancels(route: Any) -> None:
+        server = route.connect_to_server()
+        routes.append(server)
+        held: dict[str, str] = {}
+        completed: set[str] = set()
+
+        def up(message: str | bytes) -> None:
+            frame = json.loads(message)
+            if frame.get("type") == "cancel" and frame.get("id") not in completed:
+                held[frame["id"]] = str(message)
+            else:
+                server.send(message)
+
+        def back(message: str | bytes) -> None:
+            frame = json.loads(message)
+            down.append(frame)
+            route.send(message)
+            if frame.get("type") == "complete":
+                completed.add(frame["id"])
+                if frame["id"] in held:
+                    server.send(held.pop(frame["id"]))
+
+        route.on_message(up)
+        server.on_message(back)
+
+    commands = builtin_commands().plus(gate_command(opened))
+    with running_console(tmp_path, sim=SIM, commands=commands) as gated:
+        page.route_web_socket(re.compile(r"/api/console"), late_cancels)
+        open_console(page, gated)
+        block = run(page, "test-gate")
+        expect_state(block, "running")
+        page.locator("#prompt").press("Escape")
+        expect_state(block, "cancelling")  # the cancel is sent: the route holds it
+        opened.set()  # so the command ends on its own, and its complete goes out first
+        expect_state(block, "ok")
+        # The console answers frames in order and the page handles them in
+        # order: once the next command's block ended, the error came before.
+        expect_state(run(page, "jobs"), "ok")
+        crossed = [f for f in down if f["type"] == "error"]
+        assert [(f["id"], f["ref"]) for f in crossed] == [(None, block.get_attribute("data-id"))]
+        expect(page.locator(".notice-error")).to_have_count(0)
+        expect(page.locator("#log")).not_to_contain_text("no live command")
+
+        # An error about an id that is not one of this page's is still shown.
+        routes[-1].send(json.dumps({"type": "cancel", "id": "zz"}))
+        expect(page.locator(".notice-error")).to_have_text("server: no live command with id 'zz'")

@@ -22,8 +22,8 @@ import contextlib
 import errno
 import hashlib
 import hmac
-import itertools
 import json
+import re
 import secrets
 from collections.abc import Callable
 from typing import Any
@@ -54,6 +54,8 @@ CLOSE_SLOW_READER = 4429
 _PROOF_DOMAIN = b"wirecut-console-proof/1"
 #: Close codes a server sends when it stops or restarts.
 _CLOSE_STOPPING = {1001, 1012}
+#: The ids ``submit`` gives: ``c1``, ``c2``, ... (one count per link).
+_OWN_ID = re.compile(r"c([1-9][0-9]*)")
 
 
 class LinkError(Exception):
@@ -101,7 +103,7 @@ class Link:
         #: Called once when the connection is lost (not when this client closes it).
         self.on_lost: Callable[[LinkError], None] = lambda error: None
         self._ws = ws
-        self._ids = itertools.count(1)
+        self._submitted = 0  # how many ids submit() gave: c1 .. c{n}
         self._channels: dict[str, CommandChannel] = {}
         self._closing = False
         self._reader = asyncio.get_running_loop().create_task(self._read())
@@ -170,7 +172,8 @@ class Link:
 
         ``time_limit`` is the run frame's ``timeout`` (seconds; the server caps it).
         """
-        channel = CommandChannel(self, f"c{next(self._ids)}", line)
+        self._submitted += 1
+        channel = CommandChannel(self, f"c{self._submitted}", line)
         self._channels[channel.id] = channel
         frame: Frame = {"type": "run", "id": channel.id, "line": line}
         if time_limit is not None:
@@ -181,6 +184,19 @@ class Link:
             del self._channels[channel.id]
             raise
         return channel
+
+    def finished(self, id: object) -> bool:
+        """True when ``id`` is one this link submitted and whose last frame has come.
+
+        An ``error`` about such an id (its ``ref``: docs/protocol.md,
+        "Extensions") is this client's ``cancel`` or ``confirm`` that crossed
+        the command's ``complete`` on the wire. Ids are recognised by their
+        form rather than kept, so a long session holds no list of them.
+        """
+        if not isinstance(id, str) or id in self._channels:
+            return False
+        own = _OWN_ID.fullmatch(id)
+        return own is not None and int(own[1]) <= self._submitted
 
     async def cancel(self, id: str | None = None) -> None:
         """Ask the server to cancel ``id`` (None: every command of this connection)."""

@@ -273,10 +273,17 @@ class TerminalSession:
             self.renderer.warn(f"server: {frame.get('message')}")
 
     def _stray(self, frame: Frame) -> None:
-        # An error for an id of ours that already completed is our cancel
-        # crossing its complete on the wire: nothing to tell the user.
-        if frame.get("type") == "error" and frame.get("id") is None:
-            self.renderer.warn(f"server: {frame.get('message')}")
+        if frame.get("type") != "error":
+            return  # a pong, or a frame a newer server may add
+        # An error about one of our commands that already completed (named in
+        # "ref"; a server without "ref" kept it in "id") is our Ctrl+C or
+        # answer crossing its complete on the wire: the command's end is on
+        # the screen already, and the race is normal, not news. Any other
+        # error is shown.
+        about = frame.get("id") or frame.get("ref")
+        if self.link.finished(about):
+            return
+        self.renderer.warn(f"server: {frame.get('message')}")
 
     def _ask(self, channel: CommandChannel, message: str) -> None:
         # The message may be a plan of many lines (a table): printed as it

@@ -227,7 +227,13 @@ export class ConsolePage {
   onError(block, frame) {
     const message = String(frame.message || "error");
     if (!block) {
-      this.notice(`server: ${message}`, "error");
+      // An error about one of this page's commands that already completed
+      // (named in "ref", docs/protocol.md; a server without "ref" kept it in
+      // "id") is an Esc or Cancel that crossed the command's complete on the
+      // wire: the block says how it ended, and the race is normal, not news.
+      // Any other error is shown.
+      const about = typeof frame.id === "string" ? frame.id : frame.ref;
+      if (!this.ownFinished(about)) this.notice(`server: ${message}`, "error");
       return;
     }
     if (block.state === CommandState.SENDING) {
@@ -237,6 +243,18 @@ export class ConsolePage {
     }
     if (!block.live) return; // a cancel that crossed its command's complete: nothing to say
     this.withScroll(() => block.addError(message));
+  }
+
+  /**
+   * True when `id` is one this page gave a command (`c1`, `c2`, …) that is no
+   * longer live: finished, or its block cleared by Ctrl+L. Told by its form and
+   * the page's count, so no list of past ids is kept.
+   */
+  ownFinished(id) {
+    const own = typeof id === "string" ? /^c([1-9][0-9]*)$/.exec(id) : null;
+    if (!own || Number(own[1]) > this.seq) return false;
+    const block = this.blocks.get(id);
+    return !block || !block.live;
   }
 
   finish(block, frame) {
