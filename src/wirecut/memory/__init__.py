@@ -22,14 +22,19 @@ from wirecut.memory._curator import (
     apply_plan,
     curate,
     describe_changes,
+    describe_run,
     plan_sweep,
+    plan_table,
     sweep,
 )
 from wirecut.memory._errors import ConflictError, NoteImportError, PlanError, StoreError
 from wirecut.memory._format import format_note, format_notes, format_time
 from wirecut.memory._notes import Note, NoteState, Umbrella, check_body, check_title
 from wirecut.memory._plan import (
+    MERGE_ALL_MIN_NOTES,
     PLAN_MAX_TOKENS,
+    PLAN_MAX_UMBRELLAS,
+    WHITESPACE_RUN_CUT,
     Plan,
     make_plan,
     parse_plan,
@@ -41,10 +46,13 @@ from wirecut.memory._store import FILE_NAME, SCHEMA_VERSION, NoteStore
 __all__ = [
     "ARCHIVE_AFTER",
     "FILE_NAME",
+    "MERGE_ALL_MIN_NOTES",
     "PLAN_MAX_NOTES",
     "PLAN_MAX_TOKENS",
+    "PLAN_MAX_UMBRELLAS",
     "SCHEMA_VERSION",
     "STALE_AFTER",
+    "WHITESPACE_RUN_CUT",
     "ConflictError",
     "CuratorOutcome",
     "CuratorRun",
@@ -62,6 +70,7 @@ __all__ = [
     "check_title",
     "curate",
     "describe_changes",
+    "describe_run",
     "format_note",
     "format_notes",
     "format_time",
@@ -69,6 +78,7 @@ __all__ = [
     "parse_plan",
     "plan_schema",
     "plan_sweep",
+    "plan_table",
     "sweep",
     "validate_plan",
 ]
