@@ -44,6 +44,7 @@ from wirecut.memory import (
     curate,
     make_plan,
     parse_plan,
+    plan_schema,
     plan_sweep,
     sweep,
     validate_plan,
@@ -171,7 +172,7 @@ def in_host(
 def note(note_id: int, state: NoteState, last_used_days: float, changed_days: float) -> Note:
     return Note(
         id=note_id,
-        title=f"n{note_id}",
+        title=f"Lyon note {note_id}",  # notes that share a word
         body="",
         state=state,
         created_at=NOW - 400 * DAY,
@@ -281,7 +282,10 @@ def test_make_plan_asks_with_a_json_schema_and_max_tokens_and_reads_the_plan(
 ) -> None:
     ids = seed(store, NOW)
     candidates = [n for n in store.notes() if n.id in (ids.lyon, ids.train, ids.paris)]
-    reply = lyon_plan(ids)
+    # As the grammar asks: notes by their numbers in the list (Lyon trip and
+    # Train to Lyon share words, so they are listed first).
+    umbrella = {"notes": [1, 2], "title": "Lyon", "summary": "The train trip to Lyon."}
+    reply = {"content": json.dumps({"umbrellas": [umbrella]})}
     sim.reply = lambda body: reply
     tokens: list[str] = []
     plan = in_host(make_plan, client, candidates, on_token=tokens.append)
@@ -294,16 +298,18 @@ def test_make_plan_asks_with_a_json_schema_and_max_tokens_and_reads_the_plan(
     (body,) = sim.bodies
     assert body["max_tokens"] == PLAN_MAX_TOKENS
     assert body["temperature"] == 0
+    assert body["frequency_penalty"] == 0.5
+    assert body["messages"][-1]["content"] == (
+        "Notes:\n1. Lyon trip: Train at 9:12\n2. Train to Lyon: Seat 42, coach 7\n"
+        "3. Paris: Museum on Sunday\nAnswer:"
+    )
     assert body["response_format"]["type"] == "json_schema"
     schema = body["response_format"]["json_schema"]["schema"]
     jsonschema.Draft202012Validator.check_schema(schema)
     jsonschema.validate(json.loads(reply["content"]), schema)
-    ids_allowed = schema["properties"]["umbrellas"]["items"]["properties"]["note_ids"]["items"]
-    assert ids_allowed["enum"] == sorted([ids.lyon, ids.train, ids.paris])
-    with pytest.raises(jsonschema.ValidationError):  # the grammar allows no other note
-        jsonschema.validate(
-            {"umbrellas": [{"title": "t", "summary": "", "note_ids": [1, 2]}]}, schema
-        )
+    assert schema["properties"]["umbrellas"]["items"]["properties"]["notes"]["enum"] == [[1, 2]]
+    with pytest.raises(jsonschema.ValidationError):  # the grammar offers Paris to no umbrella
+        jsonschema.validate({"umbrellas": [{**umbrella, "notes": [1, 3]}]}, schema)
 
 
 def test_a_reply_cut_at_max_tokens_is_no_plan_even_when_it_parses(
@@ -367,7 +373,7 @@ def test_apply_plan_writes_nothing_when_a_note_changed_since_it_was_read(
         culprit = ids.train
     elif changed == "merged note gone":
         # Another writer merged it meanwhile: it is archived now.
-        other = parse_plan(plan_reply(("Other", "Lyon, Paris", [ids.lyon, ids.paris]))["content"])
+        other = parse_plan(plan_reply(("Other", "Lyon, again", [ids.lyon, ids.train]))["content"])
         apply_plan(store, other, snapshot, now=NOW)
         culprit = ids.lyon
     else:
@@ -500,20 +506,31 @@ def test_a_note_used_while_the_model_works_makes_the_run_write_nothing(
 def test_only_the_most_recently_used_notes_go_into_the_prompt(
     sim: Provider, client: ChatClient, store: NoteStore
 ) -> None:
-    ids = seed(store, NOW)  # active after the sweep: lyon (1 day), train (2 days), paris (1 day)
+    seed(store, NOW)  # active after the sweep: lyon (1 day), train (2 days), paris (1 day)
+    store.add("Museum tickets", "For the museum on Sunday", now=NOW - 0.5 * DAY)
     sim.reply = lambda body: plan_reply()
     run = in_host(
-        curate, store, client=client, consolidate=True, dry_run=True, now=NOW, max_notes=2
+        curate, store, client=client, consolidate=True, dry_run=True, now=NOW, max_notes=3
     )
     assert run.outcome is CuratorOutcome.DRY_RUN  # the sweep; an empty plan
     (body,) = sim.bodies
     prompt = body["messages"][-1]["content"]
-    assert "Lyon trip" in prompt
-    assert "Paris" in prompt
-    assert "Train to Lyon" not in prompt
-    schema = body["response_format"]["json_schema"]["schema"]
-    items = schema["properties"]["umbrellas"]["items"]["properties"]["note_ids"]["items"]
-    assert items["enum"] == [ids.lyon, ids.paris]
+    # Museum tickets and Paris share words: listed first. Train to Lyon is the oldest.
+    assert prompt == (
+        "Notes:\n1. Paris: Museum on Sunday\n2. Museum tickets: For the museum on Sunday\n"
+        "3. Lyon trip: Train at 9:12\nAnswer:"
+    )
+
+
+def test_notes_that_share_no_word_are_not_sent_to_the_model(
+    sim: Provider, client: ChatClient, store: NoteStore
+) -> None:
+    store.add("Passport", "Expires in 2031", now=NOW)
+    store.add("Guitar chords", "G, C, D", now=NOW)
+    run = in_host(curate, store, client=client, consolidate=True, now=NOW)
+    assert run.outcome is CuratorOutcome.NOTHING_TO_DO
+    assert run.skipped == "no two active notes share a word: nothing to consolidate"
+    assert sim.bodies == []
 
 
 def test_fewer_than_two_active_notes_are_not_sent_to_the_model(
@@ -752,8 +769,8 @@ def test_curator_run_with_an_invalid_plan_fails_says_why_and_writes_nothing(
     with pytest.raises(CommandError) as caught:
         console.run(curator_run, "--consolidate", "--yes")
     assert str(caught.value) == (
-        f"the plan is invalid, nothing was changed: umbrella 1: note #{ids.old} is stale, "
-        "not active"
+        "the plan is invalid, nothing was changed: umbrella 1: its notes share no word; "
+        f"umbrella 1: note #{ids.old} is stale, not active"
     )
     # Said once: in the error, not in the output as well.
     assert console.text() == "asking the model for a plan over 3 active notes\n"
@@ -837,13 +854,23 @@ def test_curator_run_thresholds_are_options(
 # -- the real tiny model ------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def local_model() -> Iterator[LocalServer]:
+    """The embedded llama.cpp with the default model (in the user's cache: scripts/test)."""
+    if not is_available():
+        pytest.skip("the extra `local` is not installed")
+    with LocalServer(n_parallel=1, ctx_size=2048) as local:
+        yield local
+
+
 @pytest.mark.local
-@pytest.mark.skipif(not is_available(), reason="the extra `local` is not installed")
 @pytest.mark.timeout(180)
-def test_the_real_local_model_answers_with_json_of_the_plan_shape(tmp_path: Path) -> None:
-    # llama.cpp accepts the response_format and turns its schema into a
-    # grammar: the default model's reply is JSON of the plan's shape, over the
-    # notes it was given, short enough to close well before max_tokens.
+def test_the_real_local_model_answers_with_json_of_the_plan_shape(
+    local_model: LocalServer, tmp_path: Path
+) -> None:
+    # llama.cpp turns the schema into a grammar: the default model's reply is
+    # JSON of the plan's shape, over the groups it was offered, short enough
+    # to close well before max_tokens.
     store = NoteStore.in_data_dir(tmp_path)
     for title, body in [
         ("Lyon trip", "Train to Lyon at 9:12 on Friday"),
@@ -853,17 +880,45 @@ def test_the_real_local_model_answers_with_json_of_the_plan_shape(tmp_path: Path
     ]:
         store.add(title, body)
     scope = InterruptScope("command")
-    with LocalServer(n_parallel=1, ctx_size=2048) as local:
-        with ChatClient(local.base_url) as client, ThreadPoolExecutor(1) as pool:
-            work = pool.submit(scope.run, make_plan, client, store.notes())
-            # ~40 tokens/s on an idle machine; a loaded one decodes far slower.
-            plan = work.result(LOCAL_BOUND)
+    with ChatClient(local_model.base_url) as client, ThreadPoolExecutor(1) as pool:
+        work = pool.submit(scope.run, make_plan, client, store.notes())
+        # ~40 tokens/s on an idle machine; a loaded one decodes far slower.
+        plan = work.result(LOCAL_BOUND)
     assert plan.usage.requests == 1
     assert plan.defect is None, plan.text
     assert plan.usage.completion_tokens < PLAN_MAX_TOKENS
     known = {n.id for n in store.notes()}
     assert all(set(u.note_ids) <= known for u in plan.umbrellas)
     assert all(2 <= len(u.note_ids) <= 3 for u in plan.umbrellas)
+
+
+@pytest.mark.local
+@pytest.mark.timeout(180)
+def test_the_real_local_model_cannot_leave_the_schema(local_model: LocalServer) -> None:
+    # Told to write a plan the schema forbids (a group not offered, a long
+    # title, a short summary, three umbrellas), the model still answers
+    # within it: llama.cpp compiled every keyword of the schema into its
+    # grammar. A keyword it cannot compile (some ``pattern`` did that) would
+    # leave the reply unconstrained, and this test fails.
+    schema = plan_schema([(1, 2), (3, 4), (1, 2, 5)], max_umbrellas=2)
+    bad = {
+        "notes": [1, 3],
+        "title": "Lyon trip: Train to Lyon at 9:12 on Friday again",
+        "summary": "ok",
+    }
+    prompt = "Repeat exactly: " + json.dumps({"umbrellas": [bad, bad, bad]})
+    with ChatClient(local_model.base_url) as client:
+        reply = client.chat(
+            [{"role": "user", "content": prompt}],
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "plan", "strict": True, "schema": schema},
+            },
+            temperature=0,
+            max_tokens=1000,  # two umbrellas at their longest: far less
+        )
+    assert reply.finish_reason == "stop", reply.text
+    jsonschema.validate(json.loads(reply.text), schema)
 
 
 # -- degenerate plans: each refused end to end, nothing written ----------------------------

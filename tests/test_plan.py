@@ -17,17 +17,18 @@ import pytest
 
 from wirecut.memory import (
     MERGE_ALL_MIN_NOTES,
-    PLAN_MAX_UMBRELLAS,
     Note,
     NoteState,
     Plan,
     Umbrella,
     parse_plan,
+    plan_request,
     plan_schema,
     plan_table,
+    related_groups,
+    subject_words,
     validate_plan,
 )
-from wirecut.memory._plan import EXAMPLE_PLAN, SYSTEM_PROMPT, _prompt
 
 NOW = 1_700_000_000.0
 
@@ -64,43 +65,87 @@ def validate_against(schema: dict[str, Any], data: Any) -> bool:
 
 # -- the schema: what the grammar already forbids ------------------------------------
 
+GROUPS = [(1, 2), (3, 4), (1, 2, 5)]
+
+
+def umbrella(
+    notes: list[int], title: str = "Lyon", summary: str = "The train trip to Lyon."
+) -> dict[str, Any]:
+    return {"notes": notes, "title": title, "summary": summary}
+
 
 def test_the_schema_is_valid_and_allows_a_good_plan() -> None:
-    schema = plan_schema([3, 1, 2, 4, 5, 6])
+    schema = plan_schema(GROUPS, max_umbrellas=2)
     jsonschema.Draft202012Validator.check_schema(schema)
-    good = {"umbrellas": [{"note_ids": [1, 2], "title": "Lyon", "summary": "The Lyon trip."}]}
-    assert validate_against(schema, good)
+    assert validate_against(schema, {"umbrellas": [umbrella([1, 2]), umbrella([3, 4], "Été")]})
+    assert validate_against(schema, {"umbrellas": [umbrella([1, 2, 5])]})
     assert validate_against(schema, {"umbrellas": []})
 
 
 @pytest.mark.parametrize(
     ("umbrellas", "why"),
     [
-        ([{"note_ids": [1, 99], "title": "Lyon", "summary": "The trip."}], "an unknown id"),
-        ([{"note_ids": [1], "title": "Lyon", "summary": "The trip."}], "one note"),
-        ([{"note_ids": [1, 1], "title": "Lyon", "summary": "The trip."}], "a repeated id"),
-        ([{"note_ids": [1, 2, 3, 4, 5, 6], "title": "All", "summary": "Everything."}], "all"),
-        ([{"note_ids": [1, 2], "title": "", "summary": "The trip."}], "an empty title"),
-        ([{"note_ids": [1, 2], "title": "L" * 61, "summary": "The trip."}], "a long title"),
-        ([{"note_ids": [1, 2], "title": "Lyon", "summary": "Trip"}], "a short summary"),
-        ([{"note_ids": [1, 2], "title": "Lyon", "summary": "x" * 301}], "a long summary"),
-        ([{"note_ids": [1, 2], "title": "Lyon", "summary": "The trip.", "x": 1}], "a new key"),
-        ([{"note_ids": [1, 2], "title": "Lyon", "summary": "The trip."}] * 4, "too many"),
+        ([umbrella([1, 3])], "a group that shares no word"),
+        ([umbrella([2, 1])], "not in increasing order"),
+        ([umbrella([1])], "one note"),
+        ([umbrella([1, 1])], "a repeated note"),
+        ([umbrella([1, 2], title="L" * 41)], "a long title"),
+        ([umbrella([1, 2], title="Ly")], "a short title"),
+        ([umbrella([1, 2], summary="The trip")], "a short summary"),
+        ([umbrella([1, 2], summary="x" * 121)], "a long summary"),
+        ([{**umbrella([1, 2]), "x": 1}], "a key of its own"),
+        ([{"note_ids": [1, 2], "title": "Lyon", "summary": "The train trip."}], "another key"),
+        ([umbrella([1, 2]), umbrella([3, 4]), umbrella([1, 2, 5])], "too many umbrellas"),
     ],
 )
 def test_the_schema_forbids(umbrellas: list[dict[str, Any]], why: str) -> None:
-    assert not validate_against(plan_schema([1, 2, 3, 4, 5, 6]), {"umbrellas": umbrellas}), why
+    schema = plan_schema(GROUPS, max_umbrellas=2)
+    assert not validate_against(schema, {"umbrellas": umbrellas}), why
 
 
-def test_the_schema_caps_the_umbrellas_and_allows_all_notes_only_in_a_small_store() -> None:
-    many = plan_schema(list(range(1, 41)))["properties"]["umbrellas"]
-    assert many["maxItems"] == PLAN_MAX_UMBRELLAS
-    ids = many["items"]["properties"]["note_ids"]
-    assert (ids["minItems"], ids["maxItems"], ids["uniqueItems"]) == (2, 39, True)
-    small = plan_schema([1, 2, 3])["properties"]["umbrellas"]
-    assert small["maxItems"] == 1
-    assert small["items"]["properties"]["note_ids"]["maxItems"] == 3  # 3 < MERGE_ALL_MIN_NOTES
-    assert MERGE_ALL_MIN_NOTES == 4
+# -- the request: which groups are offered, how the notes are listed ---------------------
+
+
+def test_only_notes_that_share_a_word_are_offered_together() -> None:
+    notes = [
+        note(1, "Guitar chords", "G, C, D"),
+        note(2, "Lyon trip", "Train at 9:12"),
+        note(3, "Tomato plants", "Six in May"),
+        note(4, "Lyon hotel", "Two nights"),
+        note(5, "Watering tomatoes", "Every evening"),
+        note(6, "Train to Lyon", "Seat 42"),
+    ]
+    assert subject_words(notes[4]) == {"watering", "tomato", "every", "evening"}
+    assert related_groups(notes) == [(2, 6), (2, 4), (2, 4, 6), (3, 5), (4, 6)]
+    request = plan_request(notes)
+    # The best disjoint pairs first (Lyon trip + Train to Lyon, the tomatoes), then the rest.
+    assert [n.id for n in request.listing] == [2, 6, 3, 5, 1, 4]
+    assert request.groups == ((1, 2), (1, 6), (1, 2, 6), (3, 4), (2, 6))
+    assert request.prompt == (
+        "Notes:\n1. Lyon trip: Train at 9:12\n2. Train to Lyon: Seat 42\n"
+        "3. Tomato plants: Six in May\n4. Watering tomatoes: Every evening\n"
+        "5. Guitar chords: G, C, D\n6. Lyon hotel: Two nights\nAnswer:"
+    )
+    umbrellas = request.schema["properties"]["umbrellas"]
+    assert umbrellas["maxItems"] == 2  # two disjoint pairs
+    assert umbrellas["items"]["properties"]["notes"]["enum"] == [list(g) for g in request.groups]
+
+
+def test_notes_that_share_no_word_make_no_request() -> None:
+    request = plan_request([note(1, "Passport", "Expires 2031"), note(2, "Guitar", "G, C, D")])
+    assert request.groups == ()
+
+
+def test_a_reply_by_list_number_is_read_as_ids() -> None:
+    listing = [note(7, "Lyon trip"), note(3, "Train to Lyon"), note(9, "Chess")]
+    text = json.dumps({"umbrellas": [umbrella([1, 2])]})
+    assert parse_plan(text, listing=listing).umbrellas == (
+        Umbrella("Lyon", "The train trip to Lyon.", (7, 3)),
+    )
+    out_of_range = parse_plan(json.dumps({"umbrellas": [umbrella([1, 4])]}), listing=listing)
+    assert out_of_range.defect == (
+        "the reply is not a plan: umbrella 1: the notes are numbered 1 to 3"
+    )
 
 
 # -- what only validation can say -----------------------------------------------------
@@ -139,15 +184,6 @@ def test_a_plan_with_fit_text_over_distinct_active_notes_is_valid() -> None:
             ["umbrella 1: the summary only repeats the title"],
         ),
         (
-            plan(
-                ("Rome trip", "Flight on Friday at 7:05 and two paid nights at Hotel Sole.", (1, 2))
-            ),
-            [
-                "umbrella 1: the title is copied from the prompt's example",
-                "umbrella 1: the summary is copied from the prompt's example",
-            ],
-        ),
-        (
             plan(("Everything", "All my notes.", (1, 2, 3, 4, 5, 6))),
             ["umbrella 1 merges every active note (6): that groups nothing"],
         ),
@@ -166,6 +202,18 @@ def test_a_degenerate_plan_is_refused_with_the_reason(
     degenerate: Plan, problems: list[str]
 ) -> None:
     assert validate_plan(degenerate, NOTES) == problems
+
+
+def test_an_umbrella_over_notes_that_share_no_word_is_refused() -> None:
+    notes = [*NOTES, note(7, "Passport", "Expires in 2031")]
+    assert validate_plan(plan(("Mixed", "Two unrelated notes.", (1, 7))), notes) == [
+        "umbrella 1: its notes share no word"
+    ]
+    # Three notes: all three must share one word.
+    lyon = [note(1, "Lyon trip"), note(2, "Lyon hotel"), note(3, "Hotel bill")]
+    assert validate_plan(plan(("Lyon", "Trip, hotel, bill.", (1, 2, 3))), lyon) == [
+        "umbrella 1: its notes share no word"
+    ]
 
 
 def test_merging_every_note_of_a_small_store_is_allowed() -> None:
@@ -196,17 +244,6 @@ def test_deeply_nested_json_is_a_defect_not_a_crash(text: str) -> None:
     parsed = parse_plan(text)
     assert parsed.defect == "the reply is not a plan: its JSON is nested too deeply"
     assert validate_plan(parsed, NOTES) == [parsed.defect]
-
-
-# -- the prompt ------------------------------------------------------------------------
-
-
-def test_the_prompt_is_a_compact_numbered_list_after_a_worked_example() -> None:
-    notes = [note(7, "Lyon trip", "Train at 9:12\n\n  on Friday"), note(12, "Passport", "")]
-    assert _prompt(notes) == "Notes:\n7. Lyon trip: Train at 9:12 on Friday\n12. Passport\nAnswer:"
-    assert SYSTEM_PROMPT.endswith("Answer:\n" + json.dumps(EXAMPLE_PLAN))
-    example_ids = [i for u in EXAMPLE_PLAN["umbrellas"] for i in u["note_ids"]]  # type: ignore[index]
-    assert len(example_ids) == len(set(example_ids))  # the example itself is a valid plan
 
 
 # -- the table the confirmation shows ------------------------------------------------------

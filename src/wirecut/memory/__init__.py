@@ -34,13 +34,17 @@ from wirecut.memory._plan import (
     MERGE_ALL_MIN_NOTES,
     PLAN_MAX_TOKENS,
     PLAN_MAX_UMBRELLAS,
+    UMBRELLA_MAX_NOTES,
     WHITESPACE_RUN_CUT,
     Plan,
+    PlanRequest,
     make_plan,
     parse_plan,
+    plan_request,
     plan_schema,
     validate_plan,
 )
+from wirecut.memory._related import related_groups, subject_words
 from wirecut.memory._store import FILE_NAME, SCHEMA_VERSION, NoteStore
 
 __all__ = [
@@ -52,6 +56,7 @@ __all__ = [
     "PLAN_MAX_UMBRELLAS",
     "SCHEMA_VERSION",
     "STALE_AFTER",
+    "UMBRELLA_MAX_NOTES",
     "WHITESPACE_RUN_CUT",
     "ConflictError",
     "CuratorOutcome",
@@ -62,6 +67,7 @@ __all__ = [
     "NoteStore",
     "Plan",
     "PlanError",
+    "PlanRequest",
     "StoreError",
     "SweepPlan",
     "Umbrella",
@@ -76,9 +82,12 @@ __all__ = [
     "format_time",
     "make_plan",
     "parse_plan",
+    "plan_request",
     "plan_schema",
     "plan_sweep",
     "plan_table",
+    "related_groups",
+    "subject_words",
     "sweep",
     "validate_plan",
 ]

@@ -20,7 +20,7 @@ from datetime import timedelta
 import wirecut.scope as ws
 from wirecut.memory._errors import PlanError
 from wirecut.memory._notes import Note, NoteState
-from wirecut.memory._plan import PLAN_MAX_TOKENS, Plan, make_plan, validate_plan
+from wirecut.memory._plan import PLAN_MAX_TOKENS, Plan, make_plan, plan_request, validate_plan
 from wirecut.memory._store import NoteStore
 from wirecut.provider import ChatClient, Usage
 
@@ -319,6 +319,9 @@ def curate(
             run.skipped = (
                 f"consolidation needs at least two active notes; there are {len(candidates)}"
             )
+        elif not plan_request(candidates).groups:
+            # The schema could offer the model no group: do not ask it.
+            run.skipped = "no two active notes share a word: nothing to consolidate"
         else:
             if client is None:
                 raise ValueError("consolidate needs a client")

@@ -38,71 +38,60 @@ from wirecut.memory._notes import (
     check_body,
     check_title,
 )
+from wirecut.memory._related import (
+    disjoint_pairs,
+    listing_order,
+    related_groups,
+    subject_words,
+)
 from wirecut.provider import ChatClient, Usage
 from wirecut.scope import InterruptScope, bind_scope
 
 __all__ = [
     "MERGE_ALL_MIN_NOTES",
+    "PLAN_FREQUENCY_PENALTY",
     "PLAN_MAX_TOKENS",
     "PLAN_MAX_UMBRELLAS",
     "PROMPT_BODY_CHARS",
     "SUMMARY_MAX_CHARS",
+    "UMBRELLA_MAX_NOTES",
     "WHITESPACE_RUN_CUT",
     "Plan",
+    "PlanRequest",
     "make_plan",
     "parse_plan",
+    "plan_request",
     "plan_schema",
     "validate_plan",
 ]
 
 #: ``max_tokens`` of the plan request unless the caller gives one.
-PLAN_MAX_TOKENS = 512
+PLAN_MAX_TOKENS = 384
+#: The plan request's ``frequency_penalty``: a tiny model's summaries loop without it.
+PLAN_FREQUENCY_PENALTY = 0.5
 #: How much of each note's body the model sees.
 PROMPT_BODY_CHARS = 160
-#: The bounds of an umbrella's title and summary in the schema.
+#: The bounds of an umbrella's title and summary. (No ``pattern``: llama.cpp's
+#: grammar took some patterns as no constraint at all, docs/memory.md.)
 TITLE_MIN_CHARS = 3
-PLAN_TITLE_MAX_CHARS = 60
-SUMMARY_MIN_CHARS = 10
-SUMMARY_MAX_CHARS = 300
-#: At most this many umbrellas in one plan (and at most half the notes).
+PLAN_TITLE_MAX_CHARS = 40
+SUMMARY_MIN_CHARS = 20
+SUMMARY_MAX_CHARS = 120
+#: At most this many umbrellas in one plan.
 PLAN_MAX_UMBRELLAS = 5
+#: At most this many notes in one umbrella.
+UMBRELLA_MAX_NOTES = 3
 #: From this many active notes on, an umbrella over all of them is refused.
 MERGE_ALL_MIN_NOTES = 4
 #: A reply with this many whitespace characters in a row is cut: padding.
 WHITESPACE_RUN_CUT = 48
 
-#: The worked example of the system prompt; a plan that copies it is refused.
-EXAMPLE_NOTES = (
-    (101, "Flight to Rome", "Departs Friday 7:05, gate B12"),
-    (102, "Bike repair", "Back tyre flat, the shop on Main Street"),
-    (103, "Rome hotel", "Hotel Sole, two nights, paid"),
-    (104, "Bike lock code", "4471"),
-    (105, "Piano lessons", "Tuesdays at 5"),
-)
-EXAMPLE_PLAN = {
-    "umbrellas": [
-        {
-            "note_ids": [101, 103],
-            "title": "Rome trip",
-            "summary": "Flight on Friday at 7:05 and two paid nights at Hotel Sole.",
-        },
-        {
-            "note_ids": [102, 104],
-            "title": "Bike",
-            "summary": "The back tyre needs a repair; the lock code is 4471.",
-        },
-    ]
-}
-
 SYSTEM_PROMPT = (
     "You group a person's notes. Put notes about the same subject together under "
-    "an umbrella: a short title and a one-sentence summary of what those notes say. "
-    "A note goes into at most one umbrella, and an umbrella has at least two notes. "
-    "Leave out notes that match no other note. Use only the given note numbers. "
-    "Answer with JSON only.\n\nExample. Notes:\n"
-    + "".join(f"{i}. {title}: {body}\n" for i, title, body in EXAMPLE_NOTES)
-    + "Answer:\n"
-    + json.dumps(EXAMPLE_PLAN)
+    "an umbrella: the numbers of its notes, a short title, and a one-sentence summary "
+    "of what those notes say. A note goes into at most one umbrella, and an umbrella "
+    "has two or three notes. Leave out notes that match no other note. Answer with "
+    "JSON only."
 )
 
 #: What a lazy or confused model writes instead of a title or a summary.
@@ -134,11 +123,6 @@ PLACEHOLDERS = frozenset(
         "xxx",
     }
 )
-_EXAMPLE_TEXTS = frozenset(
-    text
-    for umbrella in EXAMPLE_PLAN["umbrellas"]
-    for text in (str(umbrella["title"]), str(umbrella["summary"]))
-)
 
 
 @dataclass(frozen=True)
@@ -160,34 +144,65 @@ class Plan:
     usage: Usage = field(default_factory=Usage)
 
 
-def plan_schema(note_ids: Sequence[int]) -> dict[str, Any]:
-    """The JSON schema of a plan over ``note_ids``, as tight as a grammar can make it.
+@dataclass(frozen=True)
+class PlanRequest:
+    """What the model is asked for a plan: the notes as a numbered list, and the answer's schema.
 
-    The model can name no other note, put fewer than two notes in an
-    umbrella, or (from ``MERGE_ALL_MIN_NOTES`` notes on) all of them; it can
-    write at most ``PLAN_MAX_UMBRELLAS`` umbrellas (and no more than half the
-    notes make). llama.cpp ignores ``uniqueItems``; ``validate_plan`` checks
-    it again.
+    Note number ``k`` of the list is ``listing[k - 1]``; ``groups`` are the
+    groups of numbers the schema offers (notes that share a word, the best
+    first: ``related_groups``), ``prompt`` the user message.
     """
-    ids = sorted(set(note_ids))
-    per_umbrella = len(ids) - 1 if len(ids) >= MERGE_ALL_MIN_NOTES else len(ids)
+
+    listing: tuple[Note, ...]
+    groups: tuple[tuple[int, ...], ...]
+    schema: dict[str, Any]
+    prompt: str
+
+
+def plan_request(notes: Sequence[Note]) -> PlanRequest:
+    """The request for a plan over ``notes`` (pure; call from anywhere).
+
+    The notes are listed so that the best disjoint pairs of related notes
+    come first (``listing_order``), numbered from 1: short numbers, and the
+    first ones a small model picks are the likeliest. Empty ``groups``: no two
+    notes share a word, and there is nothing to ask.
+    """
+    by_id = related_groups(notes, max_size=UMBRELLA_MAX_NOTES)
+    listing = tuple(listing_order(notes, by_id))
+    number = {note.id: k for k, note in enumerate(listing, start=1)}
+    groups = tuple(tuple(sorted(number[i] for i in group)) for group in by_id)
+    # Each umbrella is at least a pair: no more umbrellas than disjoint pairs.
+    umbrellas = max(1, min(PLAN_MAX_UMBRELLAS, len(disjoint_pairs(by_id))))
+    return PlanRequest(
+        listing=listing,
+        groups=groups,
+        schema=plan_schema(groups, max_umbrellas=umbrellas),
+        prompt=_prompt(listing),
+    )
+
+
+def plan_schema(
+    groups: Sequence[Sequence[int]], *, max_umbrellas: int = PLAN_MAX_UMBRELLAS
+) -> dict[str, Any]:
+    """The JSON schema of a plan whose umbrellas may group only ``groups``, tight as a grammar goes.
+
+    Each umbrella's ``notes`` is one of ``groups`` (an enum of sorted lists of
+    list numbers: two or more distinct notes that share a word, never any
+    others); at most ``max_umbrellas`` umbrellas; bounded lengths of title
+    and summary. Ids first: the title and summary are
+    then written about the notes chosen. What a schema cannot say (a note in
+    two umbrellas, a placeholder) ``validate_plan`` checks.
+    """
     return {
         "type": "object",
         "properties": {
             "umbrellas": {
                 "type": "array",
-                "maxItems": max(1, min(PLAN_MAX_UMBRELLAS, len(ids) // 2)),
+                "maxItems": max_umbrellas,
                 "items": {
                     "type": "object",
-                    # Ids first: the title and summary are then written about them.
                     "properties": {
-                        "note_ids": {
-                            "type": "array",
-                            "items": {"type": "integer", "enum": ids},
-                            "minItems": 2,
-                            "maxItems": max(2, per_umbrella),
-                            "uniqueItems": True,
-                        },
+                        "notes": {"enum": [sorted(group) for group in groups]},
                         "title": {
                             "type": "string",
                             "minLength": TITLE_MIN_CHARS,
@@ -199,7 +214,7 @@ def plan_schema(note_ids: Sequence[int]) -> dict[str, Any]:
                             "maxLength": SUMMARY_MAX_CHARS,
                         },
                     },
-                    "required": ["note_ids", "title", "summary"],
+                    "required": ["notes", "title", "summary"],
                     "additionalProperties": False,
                 },
             }
@@ -216,6 +231,7 @@ def make_plan(
     model: str | None = None,
     max_tokens: int = PLAN_MAX_TOKENS,
     temperature: float | None = 0.0,
+    frequency_penalty: float | None = PLAN_FREQUENCY_PENALTY,
     on_token: Callable[[str], None] | None = None,
 ) -> Plan:
     """Ask the model for a plan of umbrella notes over ``notes``; return what it answered.
@@ -228,7 +244,10 @@ def make_plan(
     ``temperature`` defaults to 0: a plan wants no invention, and with the
     tiny local models the default sampling padded whitespace until
     ``max_tokens`` where greedy decoding closed the JSON (None: the
-    provider's default).
+    provider's default). ``frequency_penalty`` (OpenAI's, which llama.cpp
+    honours) keeps SmolLM2's summaries from repeating a phrase until their
+    length bound, and made it find more of the seeded pairs
+    (bench/bench_curator.py).
 
     The reply is watched as it streams: once its JSON closed, the request is
     cut (what follows is not part of the plan), and after
@@ -243,19 +262,24 @@ def make_plan(
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, not {max_tokens!r}")
+    request = plan_request(notes)
+    if not request.groups:
+        return Plan()  # no two notes share a word: nothing to ask, nothing to merge
     params: dict[str, Any] = {
         "response_format": {
             "type": "json_schema",
             "json_schema": {
                 "name": "consolidation_plan",
                 "strict": True,
-                "schema": plan_schema([note.id for note in notes]),
+                "schema": request.schema,
             },
         },
         "max_tokens": max_tokens,
     }
     if temperature is not None:
         params["temperature"] = temperature
+    if frequency_penalty is not None:
+        params["frequency_penalty"] = frequency_penalty
     agent = AIAgent(
         client,
         model=model,
@@ -268,7 +292,7 @@ def make_plan(
     reply_scope = InterruptScope("plan-reply", parent=ws.current_scope())
     watcher = _ReplyWatcher(reply_scope, on_token)
     with bind_scope(reply_scope):
-        result = agent.run_conversation(_prompt(notes), on_token=watcher)
+        result = agent.run_conversation(request.prompt, on_token=watcher)
     reply_scope.close()
     text, usage = result.final_text, result.usage
     if result.status is ConversationStatus.INTERRUPTED and watcher.cut is not None:
@@ -283,7 +307,8 @@ def make_plan(
                     text=text,
                     usage=usage,
                 )
-            return dataclasses.replace(parse_plan(watcher.json_text), usage=usage)
+            plan = parse_plan(watcher.json_text, listing=request.listing)
+            return dataclasses.replace(plan, usage=usage)
     if result.status is ConversationStatus.INTERRUPTED:
         return Plan(
             defect=f"the model's reply was cut short ({result.reason})",
@@ -301,7 +326,7 @@ def make_plan(
             text=text,
             usage=usage,
         )
-    return dataclasses.replace(parse_plan(text), usage=usage)
+    return dataclasses.replace(parse_plan(text, listing=request.listing), usage=usage)
 
 
 class _Cut(enum.Enum):
@@ -372,12 +397,14 @@ class _ReplyWatcher:
         self._scope.cancel(f"plan reply {why.value}")
 
 
-def parse_plan(text: str) -> Plan:
+def parse_plan(text: str, *, listing: Sequence[Note] = ()) -> Plan:
     """Read a plan from the model's JSON text; a ``Plan`` with a ``defect`` if it is not one.
 
-    Checks the shape only (``validate_plan`` checks the content); keys the
-    schema does not know are ignored. JSON nested too deeply to read is a
-    defect like any other.
+    An umbrella names its notes by id (``"note_ids"``) or, as the schema of
+    ``plan_request`` asks, by their numbers in ``listing`` (``"notes"``: 1 is
+    ``listing[0]``); either way the plan holds ids. Checks the shape only
+    (``validate_plan`` checks the content); keys the schema does not know are
+    ignored. JSON nested too deeply to read is a defect like any other.
     """
 
     def defect(why: str) -> Plan:
@@ -395,7 +422,9 @@ def parse_plan(text: str) -> Plan:
     for i, item in enumerate(data["umbrellas"], start=1):
         if not isinstance(item, dict):
             return defect(f"umbrella {i} is not an object")
-        title, summary, ids = item.get("title"), item.get("summary", ""), item.get("note_ids")
+        title, summary = item.get("title"), item.get("summary", "")
+        key = "notes" if "notes" in item and listing else "note_ids"
+        ids = item.get(key)
         if not isinstance(title, str):
             return defect(f'umbrella {i}: "title" must be a string')
         if not isinstance(summary, str):
@@ -403,7 +432,11 @@ def parse_plan(text: str) -> Plan:
         if not isinstance(ids, list) or not all(
             isinstance(n, int) and not isinstance(n, bool) for n in ids
         ):
-            return defect(f'umbrella {i}: "note_ids" must be an array of integers')
+            return defect(f'umbrella {i}: "{key}" must be an array of integers')
+        if key == "notes":
+            if not all(1 <= n <= len(listing) for n in ids):
+                return defect(f"umbrella {i}: the notes are numbered 1 to {len(listing)}")
+            ids = [listing[n - 1].id for n in ids]
         umbrellas.append(Umbrella(title=title, body=summary, note_ids=tuple(ids)))
     return Plan(umbrellas=tuple(umbrellas), text=text)
 
@@ -413,9 +446,10 @@ def validate_plan(plan: Plan, notes: Sequence[Note]) -> list[str]:
 
     ``notes`` are the notes as read (all of them, any state). A plan is
     valid when it has no ``defect``; every umbrella has a fit title and
-    summary (words, not a placeholder or the prompt's example, a summary
-    that says more than its title) and merges at least two distinct notes,
-    not every active one of ``MERGE_ALL_MIN_NOTES`` or more; every note it
+    summary (words, not a placeholder, a summary that says more than its
+    title) and merges at least two distinct notes that share a word
+    (``subject_words``), not every active one of ``MERGE_ALL_MIN_NOTES`` or
+    more; every note it
     names exists and is active; and no note is in two umbrellas. A plan with
     no umbrellas is valid: it changes nothing. Pure; call from anywhere.
     """
@@ -433,6 +467,10 @@ def validate_plan(plan: Plan, notes: Sequence[Note]) -> list[str]:
             problems.append(
                 f"umbrella {i} merges every active note ({len(active)}): that groups nothing"
             )
+        elif all(note_id in by_id for note_id in umbrella.note_ids) and not frozenset.intersection(
+            *(subject_words(by_id[note_id]) for note_id in umbrella.note_ids)
+        ):
+            problems.append(f"umbrella {i}: its notes share no word")
         seen: set[int] = set()
         for note_id in umbrella.note_ids:
             if note_id in seen:
@@ -468,8 +506,6 @@ def _text_problems(i: int, umbrella: Umbrella) -> list[str]:
             problems.append(f"umbrella {i}: the {what} has no words{shown}")
         elif {_normal(text), _normal(text).replace(" ", "")} & PLACEHOLDERS:
             problems.append(f"umbrella {i}: the {what} is a placeholder ({text.strip()!r})")
-        elif text.strip() in _EXAMPLE_TEXTS:
-            problems.append(f"umbrella {i}: the {what} is copied from the prompt's example")
     if not problems and _normal(umbrella.body) == _normal(umbrella.title):
         problems.append(f"umbrella {i}: the summary only repeats the title")
     return problems
@@ -480,11 +516,11 @@ def _normal(text: str) -> str:
     return " ".join(re.sub(r"[^\w\s]|_", " ", text.casefold()).split())
 
 
-def _prompt(notes: Sequence[Note]) -> str:
-    """The notes as a compact numbered list (the number is the note's id)."""
+def _prompt(listing: Sequence[Note]) -> str:
+    """The notes as a compact numbered list, numbered from 1 in ``listing``'s order."""
     lines = []
-    for note in notes:
+    for number, note in enumerate(listing, start=1):
         body = " ".join(note.body.split())[:PROMPT_BODY_CHARS]
         title = " ".join(note.title.split())
-        lines.append(f"{note.id}. {title}: {body}" if body else f"{note.id}. {title}")
+        lines.append(f"{number}. {title}: {body}" if body else f"{number}. {title}")
     return "Notes:\n" + "\n".join(lines) + "\nAnswer:"
