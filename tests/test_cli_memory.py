@@ -123,3 +123,35 @@ def test_the_installed_command_runs_in_a_real_process(tmp_path: Path) -> None:
         check=False,
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, "added note #1\n", "")
+
+
+def test_show_prints_the_note_in_full_and_counts_it_as_used(tmp_path: Path) -> None:
+    store = NoteStore.in_data_dir(tmp_path)
+    added = store.add("Lyon trip", "Train at 9:12\nSeat 42", now=1_000_000.0)
+    result = wirecut("memory", "show", f"#{added.id}", "--data-dir", tmp_path)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"#{added.id} Lyon trip"
+    assert lines[1].startswith("state: active · created 1970-01-12 13:46 UTC · last used ")
+    assert lines[2:] == ["", "Train at 9:12", "Seat 42"]
+    note = store.get(added.id)
+    assert note is not None
+    assert note.last_used_at > added.last_used_at  # showing is a use, as in the console
+    plain = wirecut("memory", "show", str(added.id), "--data-dir", tmp_path)  # "#" is optional
+    assert (plain.exit_code, plain.stdout.splitlines()[0]) == (0, lines[0])
+
+
+@pytest.mark.parametrize(
+    ("note_id", "code", "words"),
+    [("7", 1, "there is no note #7"), ("abc", 2, "the note id must be a number, not 'abc'")],
+)
+def test_show_of_a_missing_or_bad_id_is_one_line(
+    tmp_path: Path, note_id: str, code: int, words: str
+) -> None:
+    before = NoteStore.in_data_dir(tmp_path).dump()
+    result = wirecut("memory", "show", note_id, "--data-dir", tmp_path)
+    assert result.exit_code == code
+    # click's usage error carries its usage lines; the error itself is one line.
+    assert words in (error_line(result) if code == 1 else result.stderr.splitlines()[-1])
+    assert "Traceback" not in result.output
+    assert NoteStore.in_data_dir(tmp_path).dump() == before

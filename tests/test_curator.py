@@ -30,6 +30,7 @@ from wirecut.console.commands._memory import curator_run, curator_status
 from wirecut.local import LocalServer, is_available
 from wirecut.memory import (
     PLAN_MAX_TOKENS,
+    WHITESPACE_RUN_CUT,
     ConflictError,
     CuratorOutcome,
     Note,
@@ -43,6 +44,7 @@ from wirecut.memory import (
     curate,
     make_plan,
     parse_plan,
+    plan_schema,
     plan_sweep,
     sweep,
     validate_plan,
@@ -52,7 +54,7 @@ from wirecut.scope import Interrupted, InterruptScope
 from wirecut.simulator import ScriptedReply, SimConfig, SimulatorServer
 
 BOUND = 10.0  # seconds: "promptly" on a shared, noisy machine
-LOCAL_BOUND = 40.0  # seconds for the real tiny model's plan (80 tokens at most)
+LOCAL_BOUND = 120.0  # seconds for the real tiny model's plan, on a loaded machine
 DAY = 86_400.0
 NOW = 1_700_000_000.0
 
@@ -170,7 +172,7 @@ def in_host(
 def note(note_id: int, state: NoteState, last_used_days: float, changed_days: float) -> Note:
     return Note(
         id=note_id,
-        title=f"n{note_id}",
+        title=f"Lyon note {note_id}",  # notes that share a word
         body="",
         state=state,
         created_at=NOW - 400 * DAY,
@@ -222,7 +224,7 @@ NOTES = [
 
 
 def umbrellas(*specs: tuple[str, tuple[int, ...]]) -> Plan:
-    return Plan(umbrellas=tuple(Umbrella(t, "summary", ids) for t, ids in specs))
+    return Plan(umbrellas=tuple(Umbrella(t, f"What {t} notes say.", ids) for t, ids in specs))
 
 
 def test_a_plan_over_distinct_active_notes_is_valid() -> None:
@@ -280,7 +282,10 @@ def test_make_plan_asks_with_a_json_schema_and_max_tokens_and_reads_the_plan(
 ) -> None:
     ids = seed(store, NOW)
     candidates = [n for n in store.notes() if n.id in (ids.lyon, ids.train, ids.paris)]
-    reply = lyon_plan(ids)
+    # As the grammar asks: notes by their numbers in the list (Lyon trip and
+    # Train to Lyon share words, so they are listed first).
+    umbrella = {"notes": [1, 2], "title": "Lyon", "summary": "The train trip to Lyon."}
+    reply = {"content": json.dumps({"umbrellas": [umbrella]})}
     sim.reply = lambda body: reply
     tokens: list[str] = []
     plan = in_host(make_plan, client, candidates, on_token=tokens.append)
@@ -293,16 +298,18 @@ def test_make_plan_asks_with_a_json_schema_and_max_tokens_and_reads_the_plan(
     (body,) = sim.bodies
     assert body["max_tokens"] == PLAN_MAX_TOKENS
     assert body["temperature"] == 0
+    assert body["frequency_penalty"] == 0.5
+    assert body["messages"][-1]["content"] == (
+        "Notes:\n1. Lyon trip: Train at 9:12\n2. Train to Lyon: Seat 42, coach 7\n"
+        "3. Paris: Museum on Sunday\nAnswer:"
+    )
     assert body["response_format"]["type"] == "json_schema"
     schema = body["response_format"]["json_schema"]["schema"]
     jsonschema.Draft202012Validator.check_schema(schema)
     jsonschema.validate(json.loads(reply["content"]), schema)
-    ids_allowed = schema["properties"]["umbrellas"]["items"]["properties"]["note_ids"]["items"]
-    assert ids_allowed["enum"] == sorted([ids.lyon, ids.train, ids.paris])
-    with pytest.raises(jsonschema.ValidationError):  # the grammar allows no other note
-        jsonschema.validate(
-            {"umbrellas": [{"title": "t", "summary": "", "note_ids": [1, 2]}]}, schema
-        )
+    assert schema["properties"]["umbrellas"]["items"]["properties"]["notes"]["enum"] == [[1, 2]]
+    with pytest.raises(jsonschema.ValidationError):  # the grammar offers Paris to no umbrella
+        jsonschema.validate({"umbrellas": [{**umbrella, "notes": [1, 3]}]}, schema)
 
 
 def test_a_reply_cut_at_max_tokens_is_no_plan_even_when_it_parses(
@@ -366,7 +373,7 @@ def test_apply_plan_writes_nothing_when_a_note_changed_since_it_was_read(
         culprit = ids.train
     elif changed == "merged note gone":
         # Another writer merged it meanwhile: it is archived now.
-        other = parse_plan(plan_reply(("Other", "", [ids.lyon, ids.paris]))["content"])
+        other = parse_plan(plan_reply(("Other", "Lyon, again", [ids.lyon, ids.train]))["content"])
         apply_plan(store, other, snapshot, now=NOW)
         culprit = ids.lyon
     else:
@@ -416,10 +423,12 @@ def test_consolidation_end_to_end(sim: Provider, client: ChatClient, store: Note
     (question,) = questions
     assert f"mark stale (unused for long): #{ids.old} 'Old recipe'" in question
     assert f"archive (stale for long): #{ids.ancient} 'Ancient'" in question
-    assert (
-        f"merge #{ids.lyon} 'Lyon trip', #{ids.train} 'Train to Lyon' into a new note 'Lyon'"
-        in question
-    )
+    assert question.splitlines()[3:] == [
+        "  create 1 umbrella note, archiving the notes merged into them:",
+        "    new note  summary                  archives",
+        f"    Lyon      The train trip to Lyon.  #{ids.lyon} Lyon trip",
+        f"                                       #{ids.train} Train to Lyon",
+    ]
     (umbrella,) = run.umbrellas
     assert [n.id for n in store.merged_into(umbrella.id)] == [ids.lyon, ids.train]
     assert store.counts() == {NoteState.ACTIVE: 2, NoteState.STALE: 1, NoteState.ARCHIVED: 3}
@@ -457,7 +466,9 @@ def test_an_invalid_plan_changes_nothing_and_says_why(
     sim: Provider, client: ChatClient, store: NoteStore
 ) -> None:
     ids = seed(store, NOW)
-    sim.reply = lambda body: plan_reply(("Bad", "", [ids.lyon, 999]), ("Worse", "", [ids.lyon]))
+    sim.reply = lambda body: plan_reply(
+        ("Bad", "Lyon and more", [ids.lyon, 999]), ("Worse", "Lyon alone", [ids.lyon])
+    )
     before = store.dump()
     run = in_host(curate, store, client=client, consolidate=True, now=NOW)
     assert run.outcome is CuratorOutcome.INVALID_PLAN
@@ -495,20 +506,31 @@ def test_a_note_used_while_the_model_works_makes_the_run_write_nothing(
 def test_only_the_most_recently_used_notes_go_into_the_prompt(
     sim: Provider, client: ChatClient, store: NoteStore
 ) -> None:
-    ids = seed(store, NOW)  # active after the sweep: lyon (1 day), train (2 days), paris (1 day)
+    seed(store, NOW)  # active after the sweep: lyon (1 day), train (2 days), paris (1 day)
+    store.add("Museum tickets", "For the museum on Sunday", now=NOW - 0.5 * DAY)
     sim.reply = lambda body: plan_reply()
     run = in_host(
-        curate, store, client=client, consolidate=True, dry_run=True, now=NOW, max_notes=2
+        curate, store, client=client, consolidate=True, dry_run=True, now=NOW, max_notes=3
     )
     assert run.outcome is CuratorOutcome.DRY_RUN  # the sweep; an empty plan
     (body,) = sim.bodies
     prompt = body["messages"][-1]["content"]
-    assert "Lyon trip" in prompt
-    assert "Paris" in prompt
-    assert "Train to Lyon" not in prompt
-    schema = body["response_format"]["json_schema"]["schema"]
-    items = schema["properties"]["umbrellas"]["items"]["properties"]["note_ids"]["items"]
-    assert items["enum"] == [ids.lyon, ids.paris]
+    # Museum tickets and Paris share words: listed first. Train to Lyon is the oldest.
+    assert prompt == (
+        "Notes:\n1. Paris: Museum on Sunday\n2. Museum tickets: For the museum on Sunday\n"
+        "3. Lyon trip: Train at 9:12\nAnswer:"
+    )
+
+
+def test_notes_that_share_no_word_are_not_sent_to_the_model(
+    sim: Provider, client: ChatClient, store: NoteStore
+) -> None:
+    store.add("Passport", "Expires in 2031", now=NOW)
+    store.add("Guitar chords", "G, C, D", now=NOW)
+    run = in_host(curate, store, client=client, consolidate=True, now=NOW)
+    assert run.outcome is CuratorOutcome.NOTHING_TO_DO
+    assert run.skipped == "no two active notes share a word: nothing to consolidate"
+    assert sim.bodies == []
 
 
 def test_fewer_than_two_active_notes_are_not_sent_to_the_model(
@@ -741,12 +763,17 @@ def test_curator_run_with_an_invalid_plan_fails_says_why_and_writes_nothing(
     sim: Provider, store: NoteStore, client: ChatClient
 ) -> None:
     ids = seed(store, time.time())
-    sim.reply = lambda body: plan_reply(("Stale one", "", [ids.lyon, ids.old]))
+    sim.reply = lambda body: plan_reply(("Stale one", "Lyon and a recipe", [ids.lyon, ids.old]))
     before = store.dump()
     console = Console(store, client)
-    with pytest.raises(CommandError, match=f"note #{ids.old} is stale, not active"):
+    with pytest.raises(CommandError) as caught:
         console.run(curator_run, "--consolidate", "--yes")
-    assert f"  umbrella 1: note #{ids.old} is stale, not active\n" in console.text()
+    assert str(caught.value) == (
+        "the plan is invalid, nothing was changed: umbrella 1: its notes share no word; "
+        f"umbrella 1: note #{ids.old} is stale, not active"
+    )
+    # Said once: in the error, not in the output as well.
+    assert console.text() == "asking the model for a plan over 3 active notes\n"
     assert len(console.usage) == 1  # the model's work is counted all the same
     assert store.dump() == before
 
@@ -827,20 +854,23 @@ def test_curator_run_thresholds_are_options(
 # -- the real tiny model ------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def local_model() -> Iterator[LocalServer]:
+    """The embedded llama.cpp with the default model (in the user's cache: scripts/test)."""
+    if not is_available():
+        pytest.skip("the extra `local` is not installed")
+    with LocalServer(n_parallel=1, ctx_size=2048) as local:
+        yield local
+
+
 @pytest.mark.local
-@pytest.mark.skipif(not is_available(), reason="the extra `local` is not installed")
+@pytest.mark.timeout(180)
 def test_the_real_local_model_answers_with_json_of_the_plan_shape(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+    local_model: LocalServer, tmp_path: Path
 ) -> None:
-    # llama.cpp accepts the response_format and turns its schema into a
-    # grammar: the tiny base model's reply is JSON of the plan's shape, or a
-    # prefix of it cut at max_tokens (then refused), never free text.
-    cache = getattr(request.config, "cache", None)
-    data_dir = (
-        Path(cache.mkdir("wirecut-local-data"))  # the model assembled once, as in test_local
-        if cache is not None
-        else tmp_path_factory.mktemp("wirecut-local-data")
-    )
+    # llama.cpp turns the schema into a grammar: the default model's reply is
+    # JSON of the plan's shape, over the groups it was offered, short enough
+    # to close well before max_tokens.
     store = NoteStore.in_data_dir(tmp_path)
     for title, body in [
         ("Lyon trip", "Train to Lyon at 9:12 on Friday"),
@@ -850,15 +880,144 @@ def test_the_real_local_model_answers_with_json_of_the_plan_shape(
     ]:
         store.add(title, body)
     scope = InterruptScope("command")
-    with LocalServer(data_dir, n_parallel=1, ctx_size=2048) as local:
-        with ChatClient(local.base_url) as client, ThreadPoolExecutor(1) as pool:
-            work = pool.submit(scope.run, make_plan, client, store.notes(), max_tokens=80)
-            # ~40 tokens/s on an idle machine; a loaded one decodes far slower.
-            plan = work.result(LOCAL_BOUND)
+    with ChatClient(local_model.base_url) as client, ThreadPoolExecutor(1) as pool:
+        work = pool.submit(scope.run, make_plan, client, store.notes())
+        # ~40 tokens/s on an idle machine; a loaded one decodes far slower.
+        plan = work.result(LOCAL_BOUND)
     assert plan.usage.requests == 1
-    if plan.defect is not None:
-        assert plan.defect == "the model's reply was cut short at max_tokens (80)"
-    else:
-        assert plan.umbrellas, plan.text  # it found the two Lyon notes
-        known = {n.id for n in store.notes()}
-        assert all(set(u.note_ids) <= known for u in plan.umbrellas)
+    assert plan.defect is None, plan.text
+    assert plan.usage.completion_tokens < PLAN_MAX_TOKENS
+    known = {n.id for n in store.notes()}
+    assert all(set(u.note_ids) <= known for u in plan.umbrellas)
+    assert all(2 <= len(u.note_ids) <= 3 for u in plan.umbrellas)
+
+
+@pytest.mark.local
+@pytest.mark.timeout(180)
+def test_the_real_local_model_cannot_leave_the_schema(local_model: LocalServer) -> None:
+    # Told to write a plan the schema forbids (a group not offered, a long
+    # title, a short summary, three umbrellas), the model still answers
+    # within it: llama.cpp compiled every keyword of the schema into its
+    # grammar. A keyword it cannot compile (some ``pattern`` did that) would
+    # leave the reply unconstrained, and this test fails.
+    schema = plan_schema([(1, 2), (3, 4), (1, 2, 5)], max_umbrellas=2)
+    bad = {
+        "notes": [1, 3],
+        "title": "Lyon trip: Train to Lyon at 9:12 on Friday again",
+        "summary": "ok",
+    }
+    prompt = "Repeat exactly: " + json.dumps({"umbrellas": [bad, bad, bad]})
+    with ChatClient(local_model.base_url) as client:
+        reply = client.chat(
+            [{"role": "user", "content": prompt}],
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "plan", "strict": True, "schema": schema},
+            },
+            temperature=0,
+            max_tokens=1000,  # two umbrellas at their longest: far less
+        )
+    assert reply.finish_reason == "stop", reply.text
+    jsonschema.validate(json.loads(reply.text), schema)
+
+
+# -- degenerate plans: each refused end to end, nothing written ----------------------------
+
+
+def _degenerate(ids: Seeded, extra: int) -> dict[str, dict[str, Any]]:
+    """What a confused small model answers, and (``why``) the reason each is refused for."""
+    pair = [ids.lyon, ids.train]
+    return {
+        "dots": plan_reply(("...", "...", pair)),
+        "placeholders": plan_reply(("title", "summary", pair)),
+        "todo": plan_reply(("TODO", "The train trip to Lyon.", pair)),
+        "summary is the title": plan_reply(("Lyon trip", "Lyon trip.", pair)),
+        "every note": plan_reply(
+            ("Everything", "All the notes.", [ids.lyon, ids.train, ids.paris, extra])
+        ),
+        "one id twice": plan_reply(
+            ("Lyon", "The trip.", pair), ("Trains", "Trains.", [ids.train, ids.paris])
+        ),
+        "nested": {"content": '{"umbrellas": [' + "[" * 30_000 + "]" * 30_000 + "]}"},
+    }
+
+
+DEGENERATE_WHY = {
+    "dots": "umbrella 1: the title has no words ('...'); umbrella 1: the summary has no words",
+    "placeholders": "umbrella 1: the title is a placeholder ('title'); umbrella 1: the summary is"
+    " a placeholder ('summary')",
+    "todo": "umbrella 1: the title is a placeholder ('TODO')",
+    "summary is the title": "umbrella 1: the summary only repeats the title",
+    "every note": "umbrella 1 merges every active note (4): that groups nothing",
+    "one id twice": "is in umbrellas 1 and 2",
+    "nested": "the reply is not a plan: its JSON is nested too deeply",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(DEGENERATE_WHY))
+def test_a_degenerate_plan_writes_nothing_and_the_command_says_why(
+    sim: Provider, store: NoteStore, client: ChatClient, kind: str
+) -> None:
+    ids = seed(store, time.time())
+    extra = store.add("Bread recipe", "Flour, water, salt").id  # four active notes after the sweep
+    reply = _degenerate(ids, extra)[kind]
+    sim.reply = lambda body: reply
+    before = store.dump()
+    console = Console(store, client)
+    with pytest.raises(CommandError) as caught:
+        console.run(curator_run, "--consolidate", "--yes")  # --yes: nothing stands in the way
+    message = str(caught.value)
+    assert message.startswith("the plan is invalid, nothing was changed: ")
+    assert DEGENERATE_WHY[kind] in message
+    assert store.dump() == before  # not the plan, not even the sweep
+    assert console.questions == []
+
+
+def test_a_reply_that_pads_whitespace_is_cut_early_and_is_no_plan(
+    sim: Provider, store: NoteStore, client: ChatClient
+) -> None:
+    seed(store, time.time())
+    # Blank lines, then words until max_tokens: without the cut, 500 tokens.
+    padding = "\n" * (WHITESPACE_RUN_CUT + 1)
+    sim.reply = lambda body: {"content": '{"umbrellas": [' + padding + "x " * 2000}
+    before = store.dump()
+    console = Console(store, client)
+    with pytest.raises(CommandError) as caught:
+        console.run(curator_run, "--consolidate", "--yes")
+    assert "the model padded its reply with whitespace; it was cut after" in str(caught.value)
+    (summary,) = sim.server.requests()
+    sim.server.wait_for_event("peer_closed", summary.id, timeout=BOUND)  # the provider saw it
+    (usage,) = console.usage
+    assert usage.completion_tokens < 10
+    assert store.dump() == before
+    # The user saw the reply compactly: no screen of blank lines.
+    assert "\n\n" not in console.text("token")
+    assert "   " not in console.text("token")
+
+
+def test_a_reply_that_goes_on_after_its_json_closed_is_cut_there_and_used(
+    sim: Provider, store: NoteStore, client: ChatClient
+) -> None:
+    ids = seed(store, time.time())
+    plan_text = lyon_plan(ids)["content"]
+    sim.reply = lambda body: {"content": plan_text + " And some more words" * 500}
+    console = Console(store, client)
+    out = console.run(curator_run, "--consolidate", "--yes")
+    assert "new umbrella notes: #6" in out
+    (summary,) = sim.server.requests()
+    sim.server.wait_for_event("peer_closed", summary.id, timeout=BOUND)
+    (usage,) = console.usage
+    assert usage.completion_tokens <= token_count(lyon_plan(ids)) + 2
+    assert [n.title for n in store.notes() if n.umbrella_id is None][-1] == "Lyon"
+
+
+def test_the_streamed_plan_is_shown_with_whitespace_collapsed(
+    sim: Provider, store: NoteStore, client: ChatClient
+) -> None:
+    ids = seed(store, time.time())
+    pretty = json.dumps(json.loads(lyon_plan(ids)["content"]), indent=8)
+    sim.reply = lambda body: {"content": pretty}
+    console = Console(store, client)
+    console.run(curator_run, "--consolidate", "--yes")
+    assert console.text("token") == " ".join(pretty.split()) + "\n"
+    assert store.counts()[NoteState.ARCHIVED] == 3  # the pretty plan was applied

@@ -438,7 +438,7 @@ def test_doctor_reports_stream_non_stream_and_prefill_released_on_the_real_llama
     if not is_available():
         pytest.skip("the extra `local` is not installed")
     started = time.monotonic()
-    with LocalServer(tmp_path_factory.mktemp("local")) as server:
+    with LocalServer() as server:
         # The queued check is left out: its 1.5 s polls add a dozen seconds.
         run = _doctor(
             server.base_url,

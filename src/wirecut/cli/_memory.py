@@ -1,4 +1,4 @@
-"""``wirecut memory``: the note store from the shell (add, list, import).
+"""``wirecut memory``: the note store from the shell (add, list, show, import).
 
 The same store that ``wirecut serve`` uses: ``notes.db`` in the data
 directory. Exit 0 on success, 2 on a usage error (a bad argument), 1 on
@@ -24,7 +24,7 @@ __all__ = ["memory"]
 
 @click.group()
 def memory() -> None:
-    """The note store: add a note, list the notes, import notes from JSON Lines."""
+    """The note store: add a note, list the notes, show one, import notes from JSON Lines."""
 
 
 @memory.command()
@@ -58,6 +58,32 @@ def list_(data_dir: Path) -> None:
     except StoreError as exc:
         raise click.ClickException(str(exc)) from None
     for line in format_notes(notes):
+        click.echo(line)
+
+
+@memory.command()
+@click.argument("note_id", metavar="ID")
+@data_dir_option
+def show(note_id: str, data_dir: Path) -> None:
+    """Print note ID in full, as the console's `memory show` does.
+
+    Showing a note is a use: it stays active (a stale one is active again).
+    """
+    from wirecut.memory import StoreError, format_note
+
+    word = note_id.removeprefix("#")
+    if not word.isdigit():
+        raise click.BadParameter(f"the note id must be a number, not {note_id!r}", param_hint="ID")
+    try:
+        store = _open(data_dir)
+        note = store.touch(int(word))
+        if note is None:
+            raise click.ClickException(f"there is no note #{int(word)}")
+        umbrella = store.get(note.umbrella_id) if note.umbrella_id is not None else None
+        merged = store.merged_into(note.id)
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
+    for line in format_note(note, umbrella=umbrella, merged=merged):
         click.echo(line)
 
 

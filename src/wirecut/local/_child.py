@@ -52,6 +52,7 @@ def _die_with_parent(parent_pid: int) -> None:
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m wirecut.local._child")
     parser.add_argument("--model", required=True)
+    parser.add_argument("--chat-template", default="")  # "": the GGUF's own
     parser.add_argument("--alias", required=True)
     parser.add_argument("--host", required=True)
     parser.add_argument("--port", type=int, required=True)
@@ -94,11 +95,12 @@ def main(argv: list[str] | None = None) -> None:
         params.n_ubatch = args.ubatch_size
     params.endpoint_slots = True
     params.endpoint_metrics = True
-    # The GGUF carries no chat template and llama.cpp's fallback is wrong for
-    # Gemma. With jinja on, "gemma" would be read as a literal Jinja template
-    # (the prompt becomes the word "gemma"), so use the built-in one.
-    params.use_jinja = False
-    params.chat_template = "gemma"
+    if args.chat_template:
+        # A built-in template by name (Gemma's GGUF carries none). With jinja
+        # on, "gemma" would be read as a literal Jinja template (the prompt
+        # becomes the word "gemma"). Without a name: the GGUF's own, in Jinja.
+        params.use_jinja = False
+        params.chat_template = args.chat_template
 
     # Stays referenced until we exit: its destructor stops llama.cpp.
     server = xllamacpp.Server(params)

@@ -4,8 +4,11 @@ The tree::
 
     Exception
     └── LocalError               anything that keeps the embedded llama.cpp from running
-        ├── LocalUnavailable     the extra `local` is not installed (or is broken);
-        │                        the message says how to install it
+        ├── LocalUnavailable     the extra `local` is not installed (or is broken),
+        │                        or no model could be had; the message says how to
+        │                        install it
+        ├── ModelFetchError      fetching the default model failed (pip failed, a
+        │                        hash differed); the caller falls back to Gemma
         └── LocalServerError     the llama.cpp child did not start, died, or did not
                                  answer /health in time; the message carries the
                                  tail of its stderr
@@ -16,7 +19,7 @@ exits) are translated into this tree where they happen, with ``raise ... from``.
 
 from __future__ import annotations
 
-__all__ = ["INSTALL_HINT", "LocalError", "LocalServerError", "LocalUnavailable"]
+__all__ = ["INSTALL_HINT", "LocalError", "LocalServerError", "LocalUnavailable", "ModelFetchError"]
 
 #: How to get the extra; part of every ``LocalUnavailable`` message.
 INSTALL_HINT = "install it with: pip install 'wirecut[local]'"
@@ -31,6 +34,13 @@ class LocalUnavailable(LocalError):
 
     def __init__(self, detail: str = "the embedded llama.cpp is not installed") -> None:
         super().__init__(f"{detail}; {INSTALL_HINT}")
+
+
+class ModelFetchError(LocalError):
+    """The default model could not be fetched into the cache; one line saying why.
+
+    Nothing is left in the cache under the model's name.
+    """
 
 
 class LocalServerError(LocalError):

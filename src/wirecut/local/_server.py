@@ -4,7 +4,7 @@ The console uses it as its default provider; ``wirecut local`` runs it alone.
 The server child (``wirecut.local._child``) loads xllamacpp's in-process
 ``Server`` in its own Python process, in its own process group, listening on
 loopback with two slots, ``/slots`` and ``/metrics`` on, two threads, and the
-built-in Gemma chat template.
+model's chat template (docs/local-model.md).
 
 Who may call what: ``start()``, ``stop()`` and ``wait()`` from any thread;
 ``stop()`` is idempotent and also runs at interpreter exit. The child never
@@ -30,14 +30,22 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO
 
 import wirecut
-from wirecut._paths import default_data_dir
 from wirecut.local._errors import LocalServerError, LocalUnavailable
-from wirecut.local._model import MODEL_NAME, ensure_model, is_available
+from wirecut.local._model import (
+    DEFAULT_MODEL,
+    GEMMA_MODEL_NAME,
+    MODEL_NAME,
+    LocalModel,
+    is_available,
+    parse_model_spec,
+    resolve_model,
+)
 from wirecut.scope import kill_process_group, unwatch_group, watch_group
 
 __all__ = ["LocalServer", "ServerState"]
@@ -65,20 +73,24 @@ class ServerState(enum.Enum):
 
 
 class LocalServer:
-    """The real llama.cpp server with Gemma-3-270M, run as a child process.
+    """The real llama.cpp server with a small model, run as a child process.
 
     ::
 
-        with LocalServer(data_dir) as server:
+        with LocalServer() as server:
             client = OpenAI(base_url=server.base_url, api_key="none")
 
-    ``port=0`` picks a free port. ``ctx_size`` is the context shared by the
-    ``n_parallel`` slots (each gets ``ctx_size // n_parallel`` tokens).
-    ``batch_size`` and ``ubatch_size`` are llama.cpp's ``n_batch`` and
-    ``n_ubatch`` (default ``BATCH_SIZE``, ``UBATCH_SIZE``): the prompt tokens
-    between two looks at a cancelled request.
-    ``start()`` assembles the model on first use (``ensure_model``), then
-    blocks until ``/health`` answers or ``startup_timeout`` seconds pass.
+    ``model`` is a ``LocalModel``, or what ``--model`` takes ("smollm2", the
+    default, "gemma", or a ``.gguf`` path): then ``start()`` resolves it
+    first (``resolve_model``: a fetch into ``cache_dir`` on first use, or the
+    fallback to Gemma; ``echo`` gets those lines). ``port=0`` picks a free
+    port. ``ctx_size`` is the context shared by the ``n_parallel`` slots (each
+    gets ``ctx_size // n_parallel`` tokens). ``batch_size`` and
+    ``ubatch_size`` are llama.cpp's ``n_batch`` and ``n_ubatch`` (default
+    ``BATCH_SIZE``, ``UBATCH_SIZE``): the prompt tokens between two looks at a
+    cancelled request. ``start()`` then blocks until ``/health`` answers or
+    ``startup_timeout`` seconds pass (counted from when the model file is
+    ready).
 
     Cancellation: ``stop()`` from another thread during ``start()`` kills the
     child, and ``start()`` then raises ``LocalServerError``. A server cannot be
@@ -87,8 +99,10 @@ class LocalServer:
 
     def __init__(
         self,
-        data_dir: Path | None = None,
+        model: LocalModel | str | Path = DEFAULT_MODEL,
         *,
+        cache_dir: Path | None = None,
+        echo: Callable[[str], None] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
         threads: int = 2,
@@ -115,7 +129,15 @@ class LocalServer:
         for name, seconds in (("startup_timeout", startup_timeout), ("stop_grace", stop_grace)):
             if not (math.isfinite(seconds) and seconds > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, not {seconds}")
-        self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+        if isinstance(model, Path):
+            model = str(model)
+        if isinstance(model, str):
+            parse_model_spec(model)  # a ValueError now rather than at start()
+        self.cache_dir = cache_dir
+        self._echo = echo
+        self._spec = model
+        #: The model once resolved (at construction when given as a ``LocalModel``).
+        self.local_model = model if isinstance(model, LocalModel) else None
         self.host = host
         self.port = port
         self.threads = threads
@@ -125,7 +147,8 @@ class LocalServer:
         self.ubatch_size = ubatch_size
         self.startup_timeout = startup_timeout
         self.stop_grace = stop_grace
-        self.model = MODEL_NAME
+        #: The name the server announces (the fallback's once ``start()`` fell back).
+        self.model = _name_of(model)
         # Guards _state and _proc; never held while waiting on the child, so
         # stop() can interrupt a start() that is waiting for /health.
         self._lock = threading.Lock()
@@ -182,9 +205,10 @@ class LocalServer:
             if not is_available():
                 raise LocalUnavailable()
             self._state = ServerState.STARTING
-        deadline = time.monotonic() + self.startup_timeout
         try:
-            model = ensure_model(self.data_dir)
+            model = self._resolve()
+            # A first fetch may take a while: the bound is for llama.cpp's start.
+            deadline = time.monotonic() + self.startup_timeout
             with self._lock:
                 if self._state is not ServerState.STARTING:
                     raise LocalServerError("the local server was stopped while starting")
@@ -265,13 +289,23 @@ class LocalServer:
 
     # -- start ---------------------------------------------------------------
 
-    def _spawn(self, model: Path) -> subprocess.Popen[bytes]:
+    def _resolve(self) -> LocalModel:
+        if self.local_model is None:
+            spec = self._spec
+            assert isinstance(spec, str)
+            self.local_model = resolve_model(spec, cache_dir=self.cache_dir, echo=self._echo)
+            self.model = self.local_model.name
+        return self.local_model
+
+    def _spawn(self, model: LocalModel) -> subprocess.Popen[bytes]:
         argv = [
             sys.executable,
             "-m",
             "wirecut.local._child",
             "--model",
-            str(model),
+            str(model.path),
+            "--chat-template",
+            model.chat_template,
             "--alias",
             self.model,
             "--host",
@@ -382,6 +416,15 @@ class LocalServer:
             # Let the drain catch up with the child's last words.
             self._drain.join(timeout=1.0)
         return LocalServerError(message, stderr_tail=self.stderr_tail(), returncode=returncode)
+
+
+def _name_of(spec: LocalModel | str) -> str:
+    """The name a server of ``spec`` announces, as far as it is known before ``start()``."""
+    if isinstance(spec, LocalModel):
+        return spec.name
+    if spec == DEFAULT_MODEL:
+        return MODEL_NAME
+    return GEMMA_MODEL_NAME if spec == "gemma" else Path(spec).stem
 
 
 def _connect_host(host: str) -> str:

@@ -22,29 +22,42 @@ from wirecut.memory._curator import (
     apply_plan,
     curate,
     describe_changes,
+    describe_run,
     plan_sweep,
+    plan_table,
     sweep,
 )
 from wirecut.memory._errors import ConflictError, NoteImportError, PlanError, StoreError
 from wirecut.memory._format import format_note, format_notes, format_time
 from wirecut.memory._notes import Note, NoteState, Umbrella, check_body, check_title
 from wirecut.memory._plan import (
+    MERGE_ALL_MIN_NOTES,
     PLAN_MAX_TOKENS,
+    PLAN_MAX_UMBRELLAS,
+    UMBRELLA_MAX_NOTES,
+    WHITESPACE_RUN_CUT,
     Plan,
+    PlanRequest,
     make_plan,
     parse_plan,
+    plan_request,
     plan_schema,
     validate_plan,
 )
+from wirecut.memory._related import related_groups, subject_words
 from wirecut.memory._store import FILE_NAME, SCHEMA_VERSION, NoteStore
 
 __all__ = [
     "ARCHIVE_AFTER",
     "FILE_NAME",
+    "MERGE_ALL_MIN_NOTES",
     "PLAN_MAX_NOTES",
     "PLAN_MAX_TOKENS",
+    "PLAN_MAX_UMBRELLAS",
     "SCHEMA_VERSION",
     "STALE_AFTER",
+    "UMBRELLA_MAX_NOTES",
+    "WHITESPACE_RUN_CUT",
     "ConflictError",
     "CuratorOutcome",
     "CuratorRun",
@@ -54,6 +67,7 @@ __all__ = [
     "NoteStore",
     "Plan",
     "PlanError",
+    "PlanRequest",
     "StoreError",
     "SweepPlan",
     "Umbrella",
@@ -62,13 +76,18 @@ __all__ = [
     "check_title",
     "curate",
     "describe_changes",
+    "describe_run",
     "format_note",
     "format_notes",
     "format_time",
     "make_plan",
     "parse_plan",
+    "plan_request",
     "plan_schema",
     "plan_sweep",
+    "plan_table",
+    "related_groups",
+    "subject_words",
     "sweep",
     "validate_plan",
 ]

@@ -20,7 +20,7 @@ from datetime import timedelta
 import wirecut.scope as ws
 from wirecut.memory._errors import PlanError
 from wirecut.memory._notes import Note, NoteState
-from wirecut.memory._plan import PLAN_MAX_TOKENS, Plan, make_plan, validate_plan
+from wirecut.memory._plan import PLAN_MAX_TOKENS, Plan, make_plan, plan_request, validate_plan
 from wirecut.memory._store import NoteStore
 from wirecut.provider import ChatClient, Usage
 
@@ -34,7 +34,9 @@ __all__ = [
     "apply_plan",
     "curate",
     "describe_changes",
+    "describe_run",
     "plan_sweep",
+    "plan_table",
     "sweep",
 ]
 
@@ -207,6 +209,63 @@ def describe_changes(notes: Sequence[Note], sweep: SweepPlan, plan: Plan | None)
     return lines
 
 
+#: The widest a column of ``plan_table`` gets (longer text is cut with "…").
+TABLE_TITLE_CHARS = 28
+TABLE_SUMMARY_CHARS = 44
+
+
+def plan_table(notes: Sequence[Note], plan: Plan) -> list[str]:
+    """The plan as a short plain-text table for people, one line each.
+
+    A row per umbrella: its title, the first line of its summary and the
+    first note it archives; then a line per further note it archives. Long
+    text is cut with "…" so the table stays narrow.
+    """
+    if not plan.umbrellas:
+        return []
+    by_id = {note.id: note for note in notes}
+
+    def name(note_id: int) -> str:
+        note = by_id.get(note_id)
+        return f"#{note_id} {_cut(note.title, TABLE_TITLE_CHARS)}" if note else f"#{note_id}"
+
+    rows = [
+        (
+            _cut(umbrella.title, TABLE_TITLE_CHARS),
+            _cut((umbrella.body.strip().splitlines() or [""])[0], TABLE_SUMMARY_CHARS),
+            [name(note_id) for note_id in umbrella.note_ids],
+        )
+        for umbrella in plan.umbrellas
+    ]
+    title_w = max(len("new note"), *(len(title) for title, _, _ in rows))
+    summary_w = max(len("summary"), *(len(summary) for _, summary, _ in rows))
+    lines = [f"{'new note':<{title_w}}  {'summary':<{summary_w}}  archives"]
+    for title, summary, archived in rows:
+        first, *rest = archived or [""]
+        lines.append(f"{title:<{title_w}}  {summary:<{summary_w}}  {first}".rstrip())
+        lines += [f"{'':<{title_w}}  {'':<{summary_w}}  {more}" for more in rest]
+    return lines
+
+
+def describe_run(run: CuratorRun) -> str:
+    """What a run will write, for the confirmation: the sweep's lines, then the plan's table."""
+    lines = ["curator run will:"]
+    lines += [f"  {line}" for line in describe_changes(run.notes, run.sweep, None)]
+    if run.plan is not None and run.plan.umbrellas:
+        count = len(run.plan.umbrellas)
+        lines.append(
+            f"  create {count} umbrella note{'' if count == 1 else 's'}, "
+            "archiving the notes merged into them:"
+        )
+        lines += [f"    {line}" for line in plan_table(run.notes, run.plan)]
+    return "\n".join(lines)
+
+
+def _cut(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1].rstrip() + "…"
+
+
 def curate(
     store: NoteStore,
     *,
@@ -234,7 +293,8 @@ def curate(
     ``on_progress`` a line before the model is asked).
     An invalid plan ends the run with nothing written. Otherwise, unless
     ``dry_run``, it asks ``confirm`` (if given) with a description of the
-    changes, and writes them in one transaction (``apply_plan``).
+    changes (``describe_run``: the sweep, and the plan as a table), and
+    writes them in one transaction (``apply_plan``).
 
     Raises ``ConflictError`` if a note changed while the model worked
     (nothing written) and ``StoreError`` if the store fails.
@@ -259,6 +319,9 @@ def curate(
             run.skipped = (
                 f"consolidation needs at least two active notes; there are {len(candidates)}"
             )
+        elif not plan_request(candidates).groups:
+            # The schema could offer the model no group: do not ask it.
+            run.skipped = "no two active notes share a word: nothing to consolidate"
         else:
             if client is None:
                 raise ValueError("consolidate needs a client")
@@ -281,8 +344,7 @@ def curate(
         run.outcome = CuratorOutcome.DRY_RUN
         return run
     if confirm is not None:
-        question = "curator run will:\n" + "\n".join(f"  {line}" for line in run.changes())
-        if not confirm(question):
+        if not confirm(describe_run(run)):
             run.outcome = CuratorOutcome.DECLINED
             return run
     run.umbrellas = apply_plan(store, run.plan or Plan(), snapshot, sweep=swept, now=at)

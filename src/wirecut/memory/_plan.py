@@ -6,69 +6,135 @@ transaction, so a slow model locks nothing, and the same call can run
 somewhere else (a cluster worker) while the store stays with the host.
 ``validate_plan`` checks a plan against the notes before anything is written.
 
-The request carries ``response_format`` with a JSON schema (``plan_schema``):
-llama.cpp turns it into a grammar, so even a tiny base model answers with
-JSON of that shape, and only with note ids that exist. Such a model may pad
-the JSON with whitespace until ``max_tokens`` (docs/architecture.md, fact 9): the request
-always sets ``max_tokens``, and a reply cut short is never a plan.
+Nothing a small model says can make a plan destructive (docs/memory.md,
+"What a plan must be"). The request carries ``response_format`` with a JSON
+schema (``plan_schema``) that llama.cpp turns into a grammar: only note ids
+that exist, at least two and never all of them in an umbrella, at most
+``PLAN_MAX_UMBRELLAS`` umbrellas, bounded title and summary lengths. What a
+grammar cannot say, ``validate_plan`` refuses with the reason: a title or
+summary with no words, a placeholder or the prompt's own example, a summary
+that repeats its title, an umbrella over every active note, a note in two
+umbrellas. A reply that pads (whitespace, or text after the JSON closed) is
+cut as soon as that shows instead of decoding until ``max_tokens``
+(docs/architecture.md, fact 9); a reply cut at ``max_tokens`` is never a plan.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import wirecut.scope as ws
 from wirecut.agent import AIAgent, ConversationStatus
 from wirecut.memory._notes import (
-    TITLE_MAX_CHARS,
     Note,
     NoteState,
     Umbrella,
     check_body,
     check_title,
 )
+from wirecut.memory._related import (
+    disjoint_pairs,
+    listing_order,
+    related_groups,
+    subject_words,
+)
 from wirecut.provider import ChatClient, Usage
+from wirecut.scope import InterruptScope, bind_scope
 
 __all__ = [
+    "MERGE_ALL_MIN_NOTES",
+    "PLAN_FREQUENCY_PENALTY",
     "PLAN_MAX_TOKENS",
+    "PLAN_MAX_UMBRELLAS",
     "PROMPT_BODY_CHARS",
     "SUMMARY_MAX_CHARS",
+    "UMBRELLA_MAX_NOTES",
+    "WHITESPACE_RUN_CUT",
     "Plan",
+    "PlanRequest",
     "make_plan",
     "parse_plan",
+    "plan_request",
     "plan_schema",
     "validate_plan",
 ]
 
 #: ``max_tokens`` of the plan request unless the caller gives one.
-PLAN_MAX_TOKENS = 512
+PLAN_MAX_TOKENS = 384
+#: The plan request's ``frequency_penalty``: a tiny model's summaries loop without it.
+PLAN_FREQUENCY_PENALTY = 0.5
 #: How much of each note's body the model sees.
-PROMPT_BODY_CHARS = 300
-#: The longest umbrella summary the schema lets the model write.
-SUMMARY_MAX_CHARS = 1000
+PROMPT_BODY_CHARS = 160
+#: The bounds of an umbrella's title and summary. (No ``pattern``: llama.cpp's
+#: grammar took some patterns as no constraint at all, docs/memory.md.)
+TITLE_MIN_CHARS = 3
+PLAN_TITLE_MAX_CHARS = 40
+SUMMARY_MIN_CHARS = 20
+SUMMARY_MAX_CHARS = 120
+#: At most this many umbrellas in one plan.
+PLAN_MAX_UMBRELLAS = 5
+#: At most this many notes in one umbrella.
+UMBRELLA_MAX_NOTES = 3
+#: From this many active notes on, an umbrella over all of them is refused.
+MERGE_ALL_MIN_NOTES = 4
+#: A reply with this many whitespace characters in a row is cut: padding.
+WHITESPACE_RUN_CUT = 48
 
-SYSTEM_PROMPT = """\
-You organise a person's notes. Find notes that are about the same subject and \
-group each such set under one umbrella note: a short title and a summary of \
-what the grouped notes say. Use only the note ids you are given. A note goes \
-into at most one umbrella, and an umbrella groups at least two notes. Leave \
-notes that fit nowhere out. Answer with JSON only, in this shape: \
-{"umbrellas": [{"title": "...", "summary": "...", "note_ids": [1, 2]}]}. \
-If nothing belongs together, answer {"umbrellas": []}."""
+SYSTEM_PROMPT = (
+    "You group a person's notes. Put notes about the same subject together under "
+    "an umbrella: the numbers of its notes, a short title, and a one-sentence summary "
+    "of what those notes say. A note goes into at most one umbrella, and an umbrella "
+    "has two or three notes. Leave out notes that match no other note. Answer with "
+    "JSON only."
+)
+
+#: What a lazy or confused model writes instead of a title or a summary.
+PLACEHOLDERS = frozenset(
+    {
+        "a short title",
+        "example",
+        "fixme",
+        "n a",
+        "na",
+        "none",
+        "note",
+        "notes",
+        "null",
+        "placeholder",
+        "short title",
+        "string",
+        "summary",
+        "summary here",
+        "tba",
+        "tbd",
+        "text",
+        "title",
+        "title here",
+        "todo",
+        "umbrella",
+        "umbrella title",
+        "untitled",
+        "xxx",
+    }
+)
 
 
 @dataclass(frozen=True)
 class Plan:
     """A consolidation plan: the umbrella notes to create over existing notes.
 
-    ``defect`` says why the model's reply is no plan at all (cut short, not
-    JSON, not of the plan's shape, the provider failed); ``interrupted`` is
-    True when a cancel cut the conversation. ``text`` is the reply as the
-    model gave it and ``usage`` what the provider produced for it (also when
-    it was cut). A plan built by hand only needs ``umbrellas``.
+    ``defect`` says why the model's reply is no plan at all (cut short,
+    padded, not JSON, not of the plan's shape, the provider failed);
+    ``interrupted`` is True when a cancel cut the conversation. ``text`` is
+    the reply as the model gave it and ``usage`` what the provider produced
+    for it (also when it was cut). A plan built by hand only needs
+    ``umbrellas``.
     """
 
     umbrellas: tuple[Umbrella, ...] = ()
@@ -78,25 +144,77 @@ class Plan:
     usage: Usage = field(default_factory=Usage)
 
 
-def plan_schema(note_ids: Sequence[int]) -> dict[str, Any]:
-    """The JSON schema of a plan over ``note_ids``: the model can name no other note."""
+@dataclass(frozen=True)
+class PlanRequest:
+    """What the model is asked for a plan: the notes as a numbered list, and the answer's schema.
+
+    Note number ``k`` of the list is ``listing[k - 1]``; ``groups`` are the
+    groups of numbers the schema offers (notes that share a word, the best
+    first: ``related_groups``), ``prompt`` the user message.
+    """
+
+    listing: tuple[Note, ...]
+    groups: tuple[tuple[int, ...], ...]
+    schema: dict[str, Any]
+    prompt: str
+
+
+def plan_request(notes: Sequence[Note]) -> PlanRequest:
+    """The request for a plan over ``notes`` (pure; call from anywhere).
+
+    The notes are listed so that the best disjoint pairs of related notes
+    come first (``listing_order``), numbered from 1: short numbers, and the
+    first ones a small model picks are the likeliest. Empty ``groups``: no two
+    notes share a word, and there is nothing to ask.
+    """
+    by_id = related_groups(notes, max_size=UMBRELLA_MAX_NOTES)
+    listing = tuple(listing_order(notes, by_id))
+    number = {note.id: k for k, note in enumerate(listing, start=1)}
+    groups = tuple(tuple(sorted(number[i] for i in group)) for group in by_id)
+    # Each umbrella is at least a pair: no more umbrellas than disjoint pairs.
+    umbrellas = max(1, min(PLAN_MAX_UMBRELLAS, len(disjoint_pairs(by_id))))
+    return PlanRequest(
+        listing=listing,
+        groups=groups,
+        schema=plan_schema(groups, max_umbrellas=umbrellas),
+        prompt=_prompt(listing),
+    )
+
+
+def plan_schema(
+    groups: Sequence[Sequence[int]], *, max_umbrellas: int = PLAN_MAX_UMBRELLAS
+) -> dict[str, Any]:
+    """The JSON schema of a plan whose umbrellas may group only ``groups``, tight as a grammar goes.
+
+    Each umbrella's ``notes`` is one of ``groups`` (an enum of sorted lists of
+    list numbers: two or more distinct notes that share a word, never any
+    others); at most ``max_umbrellas`` umbrellas; bounded lengths of title
+    and summary. Ids first: the title and summary are
+    then written about the notes chosen. What a schema cannot say (a note in
+    two umbrellas, a placeholder) ``validate_plan`` checks.
+    """
     return {
         "type": "object",
         "properties": {
             "umbrellas": {
                 "type": "array",
+                "maxItems": max_umbrellas,
                 "items": {
                     "type": "object",
                     "properties": {
-                        "title": {"type": "string", "minLength": 1, "maxLength": TITLE_MAX_CHARS},
-                        "summary": {"type": "string", "maxLength": SUMMARY_MAX_CHARS},
-                        "note_ids": {
-                            "type": "array",
-                            "items": {"type": "integer", "enum": sorted(set(note_ids))},
-                            "minItems": 2,
+                        "notes": {"enum": [sorted(group) for group in groups]},
+                        "title": {
+                            "type": "string",
+                            "minLength": TITLE_MIN_CHARS,
+                            "maxLength": PLAN_TITLE_MAX_CHARS,
+                        },
+                        "summary": {
+                            "type": "string",
+                            "minLength": SUMMARY_MIN_CHARS,
+                            "maxLength": SUMMARY_MAX_CHARS,
                         },
                     },
-                    "required": ["title", "summary", "note_ids"],
+                    "required": ["notes", "title", "summary"],
                     "additionalProperties": False,
                 },
             }
@@ -113,6 +231,7 @@ def make_plan(
     model: str | None = None,
     max_tokens: int = PLAN_MAX_TOKENS,
     temperature: float | None = 0.0,
+    frequency_penalty: float | None = PLAN_FREQUENCY_PENALTY,
     on_token: Callable[[str], None] | None = None,
 ) -> Plan:
     """Ask the model for a plan of umbrella notes over ``notes``; return what it answered.
@@ -123,9 +242,18 @@ def make_plan(
     provider did: a reply that is no plan is a ``Plan`` with a ``defect``.
 
     ``temperature`` defaults to 0: a plan wants no invention, and with the
-    tiny local model the default sampling padded whitespace until
+    tiny local models the default sampling padded whitespace until
     ``max_tokens`` where greedy decoding closed the JSON (None: the
-    provider's default).
+    provider's default). ``frequency_penalty`` (OpenAI's, which llama.cpp
+    honours) keeps SmolLM2's summaries from repeating a phrase until their
+    length bound, and made it find more of the seeded pairs
+    (bench/bench_curator.py).
+
+    The reply is watched as it streams: once its JSON closed, the request is
+    cut (what follows is not part of the plan), and after
+    ``WHITESPACE_RUN_CUT`` whitespace characters in a row it is cut and is
+    no plan (padding, which would otherwise run to ``max_tokens``). Those
+    cuts go through a child scope, like a cancel: the provider sees the close.
 
     Cancellation: a cancel of the bound scope cuts the request (the provider
     sees the close) and returns at once a ``Plan`` with ``interrupted=True``,
@@ -134,19 +262,24 @@ def make_plan(
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, not {max_tokens!r}")
+    request = plan_request(notes)
+    if not request.groups:
+        return Plan()  # no two notes share a word: nothing to ask, nothing to merge
     params: dict[str, Any] = {
         "response_format": {
             "type": "json_schema",
             "json_schema": {
                 "name": "consolidation_plan",
                 "strict": True,
-                "schema": plan_schema([note.id for note in notes]),
+                "schema": request.schema,
             },
         },
         "max_tokens": max_tokens,
     }
     if temperature is not None:
         params["temperature"] = temperature
+    if frequency_penalty is not None:
+        params["frequency_penalty"] = frequency_penalty
     agent = AIAgent(
         client,
         model=model,
@@ -154,8 +287,28 @@ def make_plan(
         max_iterations=1,
         **params,
     )
-    result = agent.run_conversation(_prompt(notes), on_token=on_token)
+    # Our own cuts (the JSON closed, padding) cancel this child; the host's
+    # cancel reaches it through the parent.
+    reply_scope = InterruptScope("plan-reply", parent=ws.current_scope())
+    watcher = _ReplyWatcher(reply_scope, on_token)
+    with bind_scope(reply_scope):
+        result = agent.run_conversation(request.prompt, on_token=watcher)
+    reply_scope.close()
     text, usage = result.final_text, result.usage
+    if result.status is ConversationStatus.INTERRUPTED and watcher.cut is not None:
+        host = ws.current_scope()
+        if host is None or not host.cancelled:
+            if watcher.cut is _Cut.PADDING:
+                return Plan(
+                    defect=(
+                        f"the model padded its reply with whitespace; it was cut after "
+                        f"{WHITESPACE_RUN_CUT} blank characters in a row"
+                    ),
+                    text=text,
+                    usage=usage,
+                )
+            plan = parse_plan(watcher.json_text, listing=request.listing)
+            return dataclasses.replace(plan, usage=usage)
     if result.status is ConversationStatus.INTERRUPTED:
         return Plan(
             defect=f"the model's reply was cut short ({result.reason})",
@@ -173,14 +326,85 @@ def make_plan(
             text=text,
             usage=usage,
         )
-    return dataclasses.replace(parse_plan(text), usage=usage)
+    return dataclasses.replace(parse_plan(text, listing=request.listing), usage=usage)
 
 
-def parse_plan(text: str) -> Plan:
+class _Cut(enum.Enum):
+    """Why ``_ReplyWatcher`` cut a reply."""
+
+    CLOSED = "closed"  # the JSON value is complete: the rest is not the plan
+    PADDING = "padding"  # a long run of whitespace: the model is padding
+
+
+class _ReplyWatcher:
+    """Follows a streamed reply: where its JSON closes, how long its whitespace runs are.
+
+    Called with each content delta in the thread that reads the reply;
+    passes each on to ``forward``, then cuts ``scope`` when the top-level
+    JSON value closed or ``WHITESPACE_RUN_CUT`` whitespace characters came
+    in a row. ``json_text`` is the reply up to the end of its JSON value.
+    """
+
+    def __init__(self, scope: InterruptScope, forward: Callable[[str], None] | None) -> None:
+        self._scope = scope
+        self._forward = forward
+        self.cut: _Cut | None = None
+        self.json_text = ""
+        self._depth = 0
+        self._started = False
+        self._in_string = False
+        self._escaped = False
+        self._blank_run = 0
+
+    def __call__(self, text: str) -> None:
+        if self._forward is not None:
+            self._forward(text)
+        if self.cut is not None:
+            return
+        for index, char in enumerate(text):
+            self._blank_run = self._blank_run + 1 if char.isspace() else 0
+            if self._blank_run >= WHITESPACE_RUN_CUT:
+                self._stop(_Cut.PADDING)
+                return
+            if self._step(char):
+                self.json_text += text[: index + 1]
+                self._stop(_Cut.CLOSED)
+                return
+        self.json_text += text
+
+    def _step(self, char: str) -> bool:
+        """Advance over one character; True when it closed the top-level value."""
+        if self._in_string:
+            if self._escaped:
+                self._escaped = False
+            elif char == "\\":
+                self._escaped = True
+            elif char == '"':
+                self._in_string = False
+            return False
+        if char == '"':
+            self._in_string = True
+        elif char in "{[":
+            self._depth += 1
+            self._started = True
+        elif char in "}]":
+            self._depth -= 1
+            return self._started and self._depth <= 0
+        return False
+
+    def _stop(self, why: _Cut) -> None:
+        self.cut = why
+        self._scope.cancel(f"plan reply {why.value}")
+
+
+def parse_plan(text: str, *, listing: Sequence[Note] = ()) -> Plan:
     """Read a plan from the model's JSON text; a ``Plan`` with a ``defect`` if it is not one.
 
-    Checks the shape only (``validate_plan`` checks the content); keys the
-    schema does not know are ignored.
+    An umbrella names its notes by id (``"note_ids"``) or, as the schema of
+    ``plan_request`` asks, by their numbers in ``listing`` (``"notes"``: 1 is
+    ``listing[0]``); either way the plan holds ids. Checks the shape only
+    (``validate_plan`` checks the content); keys the schema does not know are
+    ignored. JSON nested too deeply to read is a defect like any other.
     """
 
     def defect(why: str) -> Plan:
@@ -190,13 +414,17 @@ def parse_plan(text: str) -> Plan:
         data = json.loads(text)
     except ValueError as exc:
         return defect(f"not JSON ({exc})")
+    except RecursionError:
+        return defect("its JSON is nested too deeply")
     if not isinstance(data, dict) or not isinstance(data.get("umbrellas"), list):
         return defect('it must be an object with an array "umbrellas"')
     umbrellas = []
     for i, item in enumerate(data["umbrellas"], start=1):
         if not isinstance(item, dict):
             return defect(f"umbrella {i} is not an object")
-        title, summary, ids = item.get("title"), item.get("summary", ""), item.get("note_ids")
+        title, summary = item.get("title"), item.get("summary", "")
+        key = "notes" if "notes" in item and listing else "note_ids"
+        ids = item.get(key)
         if not isinstance(title, str):
             return defect(f'umbrella {i}: "title" must be a string')
         if not isinstance(summary, str):
@@ -204,7 +432,11 @@ def parse_plan(text: str) -> Plan:
         if not isinstance(ids, list) or not all(
             isinstance(n, int) and not isinstance(n, bool) for n in ids
         ):
-            return defect(f'umbrella {i}: "note_ids" must be an array of integers')
+            return defect(f'umbrella {i}: "{key}" must be an array of integers')
+        if key == "notes":
+            if not all(1 <= n <= len(listing) for n in ids):
+                return defect(f"umbrella {i}: the notes are numbered 1 to {len(listing)}")
+            ids = [listing[n - 1].id for n in ids]
         umbrellas.append(Umbrella(title=title, body=summary, note_ids=tuple(ids)))
     return Plan(umbrellas=tuple(umbrellas), text=text)
 
@@ -213,27 +445,32 @@ def validate_plan(plan: Plan, notes: Sequence[Note]) -> list[str]:
     """Every reason why ``plan`` cannot be applied to ``notes``; empty if it can.
 
     ``notes`` are the notes as read (all of them, any state). A plan is
-    valid when it has no ``defect``, every umbrella has a fit title and body
-    and merges at least two distinct notes, every note it names exists and is
-    active, and no note is in two umbrellas. A plan with no umbrellas is
-    valid: it changes nothing. Pure; call from anywhere.
+    valid when it has no ``defect``; every umbrella has a fit title and
+    summary (words, not a placeholder, a summary that says more than its
+    title) and merges at least two distinct notes that share a word
+    (``subject_words``), not every active one of ``MERGE_ALL_MIN_NOTES`` or
+    more; every note it
+    names exists and is active; and no note is in two umbrellas. A plan with
+    no umbrellas is valid: it changes nothing. Pure; call from anywhere.
     """
     if plan.defect is not None:
         return [plan.defect]
     by_id = {note.id: note for note in notes}
+    active = {note.id for note in notes if note.state is NoteState.ACTIVE}
     owner: dict[int, int] = {}
     problems: list[str] = []
     for i, umbrella in enumerate(plan.umbrellas, start=1):
-        try:
-            check_title(umbrella.title)
-        except ValueError as exc:
-            problems.append(f"umbrella {i}: the title {exc}")
-        try:
-            check_body(umbrella.body)
-        except ValueError as exc:
-            problems.append(f"umbrella {i}: the summary {exc}")
+        problems += _text_problems(i, umbrella)
         if len(set(umbrella.note_ids)) < 2:
             problems.append(f"umbrella {i} merges fewer than two notes")
+        elif len(active) >= MERGE_ALL_MIN_NOTES and active <= set(umbrella.note_ids):
+            problems.append(
+                f"umbrella {i} merges every active note ({len(active)}): that groups nothing"
+            )
+        elif all(note_id in by_id for note_id in umbrella.note_ids) and not frozenset.intersection(
+            *(subject_words(by_id[note_id]) for note_id in umbrella.note_ids)
+        ):
+            problems.append(f"umbrella {i}: its notes share no word")
         seen: set[int] = set()
         for note_id in umbrella.note_ids:
             if note_id in seen:
@@ -252,12 +489,38 @@ def validate_plan(plan: Plan, notes: Sequence[Note]) -> list[str]:
     return problems
 
 
-def _prompt(notes: Sequence[Note]) -> str:
-    lines = [
-        json.dumps(
-            {"id": note.id, "title": note.title, "body": note.body[:PROMPT_BODY_CHARS]},
-            ensure_ascii=False,
-        )
-        for note in notes
-    ]
-    return "The notes, one JSON object a line:\n" + "\n".join(lines)
+def _text_problems(i: int, umbrella: Umbrella) -> list[str]:
+    """Why the title or the summary of umbrella ``i`` is unfit; empty if both are fit."""
+    problems = []
+    for what, text, check in (
+        ("title", umbrella.title, check_title),
+        ("summary", umbrella.body, check_body),
+    ):
+        try:
+            check(text)
+        except ValueError as exc:
+            problems.append(f"umbrella {i}: the {what} {exc}")
+            continue
+        if not any(char.isalnum() for char in text):
+            shown = f" ({text.strip()!r})" if text.strip() else ""
+            problems.append(f"umbrella {i}: the {what} has no words{shown}")
+        elif {_normal(text), _normal(text).replace(" ", "")} & PLACEHOLDERS:
+            problems.append(f"umbrella {i}: the {what} is a placeholder ({text.strip()!r})")
+    if not problems and _normal(umbrella.body) == _normal(umbrella.title):
+        problems.append(f"umbrella {i}: the summary only repeats the title")
+    return problems
+
+
+def _normal(text: str) -> str:
+    """``text`` in lower case, its punctuation dropped and its spaces collapsed."""
+    return " ".join(re.sub(r"[^\w\s]|_", " ", text.casefold()).split())
+
+
+def _prompt(listing: Sequence[Note]) -> str:
+    """The notes as a compact numbered list, numbered from 1 in ``listing``'s order."""
+    lines = []
+    for number, note in enumerate(listing, start=1):
+        body = " ".join(note.body.split())[:PROMPT_BODY_CHARS]
+        title = " ".join(note.title.split())
+        lines.append(f"{number}. {title}: {body}" if body else f"{number}. {title}")
+    return "Notes:\n" + "\n".join(lines) + "\nAnswer:"

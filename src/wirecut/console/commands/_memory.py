@@ -9,6 +9,7 @@ transaction open and is cut by a cancel like any agent turn.
 from __future__ import annotations
 
 import math
+import re
 from datetime import timedelta
 
 from wirecut.console.commands._context import CommandContext, CommandError, UsageError
@@ -48,6 +49,9 @@ MAX_ID_DIGITS = 19
 RUN_USAGE = (
     "curator run [--consolidate] [--dry-run] [--yes] [--stale-days DAYS] [--archive-days DAYS]"
 )
+
+
+_BLANKS = re.compile(r"\s+")
 
 
 def _usage(problem: str, usage: str) -> UsageError:
@@ -136,9 +140,11 @@ def curator_run(ctx: CommandContext, args: list[str]) -> None:
     """The curator pass; asks for confirmation before it writes unless ``--yes``.
 
     With ``--consolidate`` the model plans umbrella notes (its reply streams
-    as ``token`` output, its usage is counted); an invalid plan fails the
-    command with the reasons, and nothing is written. ``--dry-run`` prints
-    what would change and writes nothing.
+    as ``token`` output with whitespace runs collapsed, its usage is
+    counted); an invalid plan fails the command with the reasons, said once
+    (in the error), and nothing is written. The confirmation shows the plan
+    as a table (``describe_run``). ``--dry-run`` prints what would change and
+    writes nothing.
 
     Cancellation: a cancel while the model works cuts its request; during
     the confirmation it ends the wait; before the commit it rolls the write
@@ -163,12 +169,19 @@ def curator_run(ctx: CommandContext, args: list[str]) -> None:
         else:
             raise _usage(f"unknown option {word!r}", RUN_USAGE)
 
-    streamed = False
+    # A small model's JSON may come with screens of blank lines: the user
+    # sees it with every whitespace run collapsed to one space.
+    streamed = blank = False
 
     def on_token(text: str) -> None:
-        nonlocal streamed
-        streamed = True
-        ctx.token(text)
+        nonlocal streamed, blank
+        compact = _BLANKS.sub(" ", text)
+        if blank:
+            compact = compact.lstrip(" ")
+        if compact:
+            blank = compact.endswith(" ")
+            streamed = True
+            ctx.token(compact)
 
     try:
         run = curate(
@@ -196,9 +209,10 @@ def curator_run(ctx: CommandContext, args: list[str]) -> None:
     lines = [run.skipped] if run.skipped else []
     changes = [f"  {line}" for line in run.changes()]
     if run.outcome is CuratorOutcome.INVALID_PLAN:
-        _lines(ctx, [*lines, "the plan is invalid; nothing was changed:"])
-        _lines(ctx, [f"  {problem}" for problem in run.problems])
-        raise CommandError("the plan is invalid: " + "; ".join(run.problems))
+        # Said once: the error is the command's outcome (``complete.error``).
+        if lines:
+            _lines(ctx, lines)
+        raise CommandError("the plan is invalid, nothing was changed: " + "; ".join(run.problems))
     if run.outcome is CuratorOutcome.NOTHING_TO_DO:
         lines.append("nothing to change")
     elif run.outcome is CuratorOutcome.DRY_RUN:

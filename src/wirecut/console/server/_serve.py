@@ -131,29 +131,36 @@ def resolve_provider(
     *,
     embedded: str = "auto",
     source: str | None = None,
+    local_model: str = "smollm2",
+    echo: Callable[[str], None] | None = None,
 ) -> Provider:
     """The provider at ``url``; with none, the embedded llama.cpp if installed, else the simulator.
 
     ``embedded`` is "auto", "local" or "simulator" (which one to start with no URL).
     ``source`` says where ``url`` came from (``--provider-url``,
     ``WIRECUT_PROVIDER_URL``, ``OPENAI_BASE_URL``) for the banner.
+    ``local_model`` is the embedded llama.cpp's model ("smollm2", "gemma" or a
+    ``.gguf`` path; docs/local-model.md); ``echo`` gets its fetch's progress
+    line and the line saying it fell back to Gemma.
     """
     if url:
         base = url.rstrip("/")
         return Provider(base, model, f"{base} (from {source or 'the caller'})")
-    from wirecut.local import MODEL_NAME, MODEL_NOTE, LocalError, LocalServer, is_available
+    from wirecut.local import LocalError, LocalServer, is_available
 
     if embedded == "local" or (embedded == "auto" and is_available()):
-        server = LocalServer(data_dir)
+        server = LocalServer(local_model, echo=echo)
         try:
             server.start()
         except LocalError as exc:
             raise ProviderUnavailable(f"the embedded llama.cpp did not start: {exc}") from None
+        chosen = server.local_model
+        assert chosen is not None  # resolved by start()
         return Provider(
             server.base_url,
-            model or MODEL_NAME,
-            f"embedded llama.cpp at {server.base_url} ({MODEL_NAME})",
-            note=MODEL_NOTE,
+            model or chosen.name,
+            f"embedded llama.cpp at {server.base_url} ({chosen.name}, {chosen.path})",
+            note=chosen.note,
             stop=server.stop,
         )
     from wirecut.simulator import SimConfig, SimulatorServer
