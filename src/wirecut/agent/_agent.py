@@ -18,7 +18,7 @@ from typing import Any
 
 import wirecut.scope as ws
 from wirecut.agent._tools import Tool, ToolCallError, ToolRegistry
-from wirecut.provider import ChatClient, ChatResult, ProviderError, ToolCall, Usage
+from wirecut.provider import Chat, ChatResult, ProviderError, ToolCall, Usage
 from wirecut.scope import Interrupted, InterruptScope, bind_scope, current_scope
 
 __all__ = ["AIAgent", "ConversationResult", "ConversationStatus"]
@@ -80,7 +80,7 @@ class AIAgent:
 
     def __init__(
         self,
-        client: ChatClient,
+        client: Chat,
         *,
         model: str | None = None,
         system_prompt: str | None = None,

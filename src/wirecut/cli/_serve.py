@@ -25,6 +25,7 @@ import click
 
 from wirecut.cli._data_dir import data_dir_option
 from wirecut.cli._local import model_spec
+from wirecut.console._limits import RunnerLimits
 
 if TYPE_CHECKING:
     from wirecut.console.cluster import ClusterRunner
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
     from wirecut.console.server import ConsoleConfig, ConsoleMetrics, Provider
 
 __all__ = ["serve"]
+
+#: The runner's defaults, shown by --help (written once, in RunnerLimits).
+_RUNNER = RunnerLimits()
 
 
 def _seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
@@ -79,10 +83,10 @@ def _is_loopback(host: str) -> bool:
     "$OPENAI_API_KEY).",
 )
 @data_dir_option
-@click.option("--workers", default=4, show_default=True, type=click.IntRange(1, 1024))
+@click.option("--workers", default=_RUNNER.workers, show_default=True, type=click.IntRange(1, 1024))
 @click.option(
     "--command-timeout",
-    default=60.0,
+    default=_RUNNER.command_timeout,
     show_default=True,
     type=float,
     callback=_seconds,
@@ -90,7 +94,7 @@ def _is_loopback(host: str) -> bool:
 )
 @click.option(
     "--unwind-timeout",
-    default=10.0,
+    default=_RUNNER.unwind_timeout,
     show_default=True,
     type=float,
     callback=_seconds,
@@ -379,7 +383,6 @@ def _serve_on_ray(address: str, config: ConsoleConfig, provider: Provider) -> in
     from wirecut.console.cluster import (
         ClusterRunner,
         ClusterUnavailable,
-        ProviderSpec,
         connect,
         disconnect,
     )
@@ -390,13 +393,7 @@ def _serve_on_ray(address: str, config: ConsoleConfig, provider: Provider) -> in
     except ClusterUnavailable as exc:
         click.echo(f"wirecut serve: {exc}", err=True)
         return 1
-    spec = ProviderSpec(
-        base_url=provider.base_url,
-        api_key=config.api_key,
-        model=provider.model,
-        label=provider.label,
-        max_tokens=config.max_tokens,
-    )
+    spec = config.provider_spec(provider)
 
     def make_runner(services: Services, metrics: ConsoleMetrics) -> ClusterRunner:
         return ClusterRunner(

@@ -44,7 +44,7 @@ from wirecut.memory._related import (
     related_groups,
     subject_words,
 )
-from wirecut.provider import ChatClient, Usage
+from wirecut.provider import Chat, Usage
 from wirecut.scope import InterruptScope, bind_scope
 
 __all__ = [
@@ -225,7 +225,7 @@ def plan_schema(
 
 
 def make_plan(
-    client: ChatClient,
+    client: Chat,
     notes: Sequence[Note],
     *,
     model: str | None = None,

@@ -24,9 +24,12 @@ from wirecut.provider._identify import (
 )
 from wirecut.provider._limits import ResponseLimits
 from wirecut.provider._result import ChatResult, ToolCall, Usage
+from wirecut.provider._spec import DEFAULT_MAX_TOKENS, Chat, ProviderSpec
 from wirecut.provider._sse import ServerSentEvent, iter_lines, iter_sse
 
 __all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "Chat",
     "ChatClient",
     "ChatResult",
     "ClientState",
@@ -35,6 +38,7 @@ __all__ = [
     "ProviderIdentity",
     "ProviderKind",
     "ProviderResponseError",
+    "ProviderSpec",
     "ProviderStatusError",
     "ProviderTimeout",
     "ResponseLimits",

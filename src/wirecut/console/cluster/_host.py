@@ -55,6 +55,7 @@ from wirecut.console.runner import (
     RunnerLimits,
     route_stdio,
 )
+from wirecut.provider import ProviderSpec
 from wirecut.scope import proc_stat
 
 __all__ = [
@@ -86,31 +87,21 @@ LEASE_TICK = 0.1
 
 @dataclass(frozen=True)
 class HostConfig:
-    """What a command host needs to know; sent once, when Ray creates the actor."""
+    """What a command host needs to know; sent once, when Ray creates the actor.
 
-    base_url: str
-    api_key: str | None
-    model: str | None
-    provider_label: str
-    max_tokens: int
-    #: Commands the host runs at once (its ``commands`` concurrency group).
-    slots: int
-    unwind_timeout: float
-    escalate_after: float | None
-    #: The host's own backstop for a command's running time; the serve
-    #: process decides timeouts, this only ends a command it forgot.
-    command_timeout: float
+    ``limits`` are the host runner's: ``workers`` is how many commands it runs
+    at once (its ``commands`` concurrency group), and ``command_timeout`` only
+    a backstop for a command the serve process forgot (that process decides
+    the timeouts).
+    """
+
+    provider: ProviderSpec
+    limits: RunnerLimits
     lease_seconds: float
 
     @property
-    def limits(self) -> RunnerLimits:
-        """The bounds of the host's own runner."""
-        return RunnerLimits(
-            workers=self.slots,
-            command_timeout=self.command_timeout,
-            unwind_timeout=self.unwind_timeout,
-            escalate_after=self.escalate_after,
-        )
+    def slots(self) -> int:
+        return self.limits.workers
 
 
 @dataclass(frozen=True)
@@ -254,21 +245,13 @@ class CommandHost:
     """
 
     def __init__(self, config: HostConfig) -> None:
-        from wirecut.provider import ChatClient
-
         self.config = config
         node_id, ip = _where()
         pid = os.getpid()
         stat = proc_stat(pid)
         self.identity = HostIdentity(node_id, ip, pid, None if stat is None else stat.start_ticks)
-        client = ChatClient(config.base_url, api_key=config.api_key, model=config.model)
-        services = Services(
-            store=cast(Any, _NoStore()),
-            chat_client=lambda: client,
-            model=config.model,
-            provider_label=config.provider_label,
-            max_tokens=config.max_tokens,
-        )
+        client = config.provider.client()
+        services = Services.of(cast(Any, _NoStore()), config.provider, lambda: client)
         self._runner = CommandRunner(services, limits=config.limits)
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(
@@ -504,7 +487,7 @@ class CommandHost:
         _log.warning("lease expired: cancelling every command (reason shutdown)")
         future = asyncio.run_coroutine_threadsafe(self._runner.shutdown("shutdown"), self._loop)
         with contextlib.suppress(Exception):
-            future.result(self.config.unwind_timeout + 5)
+            future.result(self.config.limits.unwind_timeout + 5)
         self._exit()
 
     def _exit(self) -> None:

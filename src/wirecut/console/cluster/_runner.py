@@ -46,7 +46,7 @@ import logging
 import math
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
@@ -72,6 +72,7 @@ from wirecut.console.runner import (
 )
 from wirecut.console.runner._core import Accepted, Work
 from wirecut.console.runner._lifecycle import CommandEvent as _Event
+from wirecut.provider import ProviderSpec
 
 __all__ = ["LEASE_SECONDS", "ClusterRunner", "ProviderSpec", "RemoteCommand", "placement"]
 
@@ -85,17 +86,6 @@ RPC_GRACE = 2.0
 HOST_WAIT = 60.0
 #: Commands that need the store or the connection: they run in the serve process.
 LOCAL_COMMANDS = ("help", "jobs", "memory", "curator")
-
-
-@dataclass(frozen=True)
-class ProviderSpec:
-    """The provider the hosts talk to: it must be reachable from every node."""
-
-    base_url: str
-    api_key: str | None = None
-    model: str | None = None
-    label: str = ""
-    max_tokens: int = 256
 
 
 def placement(line: str, commands: CommandSet | None = None) -> str:
@@ -318,32 +308,18 @@ class ClusterRunner(RunnerCore):
         self.services = services
         self.rpc_grace = rpc_grace
         self.bounds = RemoteBounds(limits.unwind_timeout, rpc_grace, limits.command_timeout)
+        # The host's own backstop: the serve process decides the timeouts.
+        backstop = limits.command_timeout + limits.unwind_timeout
         self.pool = HostPool(
-            HostConfig(
-                base_url=provider.base_url,
-                api_key=provider.api_key,
-                model=provider.model,
-                provider_label=provider.label,
-                max_tokens=provider.max_tokens,
-                slots=limits.workers,
-                unwind_timeout=limits.unwind_timeout,
-                escalate_after=limits.escalate_after,
-                command_timeout=limits.command_timeout + limits.unwind_timeout,
-                lease_seconds=lease_seconds,
-            ),
+            HostConfig(provider, replace(limits, command_timeout=backstop), lease_seconds),
             nodes=nodes,
             on_host_gone=self._host_gone,
         )
         self.hosts = HostPlacement(self.pool, self.bounds, self)
         self.splits = SplitCommands(self.pool, self.bounds)
         client = self.splits.client
-        local_services = Services(
-            store=services.store,
-            chat_client=lambda: client,  # type: ignore[arg-type,return-value]
-            model=services.model,
-            provider_label=services.provider_label,
-            max_tokens=services.max_tokens,
-        )
+        # The split commands' chat client: its requests run on a host.
+        local_services = replace(services, chat_client=lambda: client)
         # The local bound covers a split command's remote unwind (the host's
         # bound, the round trip, the kill's confirmation).
         local = RunnerLimits(

@@ -26,12 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from wirecut.provider import DEFAULT_MAX_TOKENS, ProviderSpec
 from wirecut.scope import InterruptScope
 
 if TYPE_CHECKING:
     from wirecut.console.commands._registry import CommandSet
     from wirecut.memory import NoteStore
-    from wirecut.provider import ChatClient, Usage
+    from wirecut.provider import Chat, Usage
 
 __all__ = ["CommandContext", "CommandError", "Services", "Session", "Stream", "UsageError"]
 
@@ -71,11 +72,18 @@ class Services:
     """
 
     store: NoteStore
-    chat_client: Callable[[], ChatClient]
+    chat_client: Callable[[], Chat]
     model: str | None = None
     provider_label: str = ""
     #: max_tokens for one chat reply (the local model pads until it).
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
+
+    @classmethod
+    def of(
+        cls, store: NoteStore, provider: ProviderSpec, chat_client: Callable[[], Chat]
+    ) -> Services:
+        """The services of a console over ``provider`` (its model, label and reply bound)."""
+        return cls(store, chat_client, provider.model, provider.label, provider.max_tokens)
 
 
 class CommandContext:

@@ -54,6 +54,7 @@ from wirecut.console.server._limits import (
 )
 from wirecut.console.server._metrics import ConsoleMetrics
 from wirecut.console.server._slot_watch import SlotWatch
+from wirecut.provider import DEFAULT_MAX_TOKENS, ProviderSpec
 
 __all__ = [
     "ConsoleConfig",
@@ -75,6 +76,10 @@ WS_MAX_BYTES = ConnectionLimits.ws_max_size
 SERVE_JSON = "serve.json"
 
 
+#: The runner's defaults: written once, in ``RunnerLimits``.
+_RUNNER = RunnerLimits()
+
+
 @dataclass
 class ConsoleConfig:
     """``wirecut serve``'s options (docs/protocol.md, "Command line")."""
@@ -83,20 +88,26 @@ class ConsoleConfig:
     port: int = 8765
     #: None: no token is required (only allowed on a loopback host).
     token: str | None = field(default_factory=lambda: secrets.token_urlsafe(24))
-    workers: int = 4
-    command_timeout: float = 60.0
-    unwind_timeout: float = 10.0
+    workers: int = _RUNNER.workers
+    command_timeout: float = _RUNNER.command_timeout
+    unwind_timeout: float = _RUNNER.unwind_timeout
     escalate_after: float | None = None
     data_dir: Path = field(default_factory=lambda: Path("."))
     provider_url: str | None = None
     model: str | None = None
     api_key: str | None = None
     #: max_tokens of one chat reply.
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
     #: Host names it answers to besides the ones it is bound to (``--allowed-host``).
     allowed_hosts: tuple[str, ...] = ()
     #: Bounds on connections, timeouts included (docs/security.md).
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+
+    def provider_spec(self, provider: Provider) -> ProviderSpec:
+        """The one description of ``provider`` that the services and any host share."""
+        return ProviderSpec(
+            provider.base_url, self.api_key, provider.model, provider.label, self.max_tokens
+        )
 
     @property
     def runner_limits(self) -> RunnerLimits:
@@ -188,16 +199,10 @@ def build_state(
     accepting ``commands``, by default the built-in ones).
     """
     from wirecut.memory import NoteStore
-    from wirecut.provider import ChatClient
 
-    client = ChatClient(provider.base_url, api_key=config.api_key, model=provider.model)
-    services = Services(
-        store=NoteStore.in_data_dir(config.data_dir),
-        chat_client=lambda: client,
-        model=provider.model,
-        provider_label=provider.label,
-        max_tokens=config.max_tokens,
-    )
+    spec = config.provider_spec(provider)
+    client = spec.client()
+    services = Services.of(NoteStore.in_data_dir(config.data_dir), spec, lambda: client)
     metrics = ConsoleMetrics()
     # How long a cut request kept its provider slot (docs/cancellation-limits.md).
     metrics.slot_watch = SlotWatch(
