@@ -41,11 +41,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import ray
 
-from wirecut.console.commands import CommandContext, CommandError, Services, Session, Stream
+from wirecut.console.commands import CommandContext, Services, Session, Stream
 from wirecut.console.runner import (
     Command,
     CommandRunner,
@@ -177,15 +177,6 @@ def _where_ran(identity: HostIdentity) -> dict[str, Any]:
     return {"node": identity.node_id, "node_ip": identity.node_ip, "pid": identity.pid}
 
 
-class _NoStore:
-    """The ``Services.store`` of a host: the note store stays with the serve process."""
-
-    def __getattr__(self, name: str) -> Any:
-        raise CommandError(
-            "the note store stays with the serve process; this command cannot run on a cluster host"
-        )
-
-
 @dataclass(eq=False)
 class _Job:
     """One command on this host, from ``run`` until its receipt was yielded."""
@@ -251,7 +242,8 @@ class CommandHost:
         stat = proc_stat(pid)
         self.identity = HostIdentity(node_id, ip, pid, None if stat is None else stat.start_ticks)
         client = config.provider.client()
-        services = Services.of(cast(Any, _NoStore()), config.provider, lambda: client)
+        # The note store stays with the serve process: no command here touches it.
+        services = Services.of(None, config.provider, lambda: client)
         self._runner = CommandRunner(services, limits=config.limits)
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(

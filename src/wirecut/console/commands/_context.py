@@ -71,7 +71,8 @@ class Services:
     ``provider_label`` says which provider it is, for ``help`` and errors.
     """
 
-    store: NoteStore
+    #: None where commands run away from the store (a cluster's command host).
+    store: NoteStore | None
     chat_client: Callable[[], Chat]
     model: str | None = None
     provider_label: str = ""
@@ -80,7 +81,7 @@ class Services:
 
     @classmethod
     def of(
-        cls, store: NoteStore, provider: ProviderSpec, chat_client: Callable[[], Chat]
+        cls, store: NoteStore | None, provider: ProviderSpec, chat_client: Callable[[], Chat]
     ) -> Services:
         """The services of a console over ``provider`` (its model, label and reply bound)."""
         return cls(store, chat_client, provider.model, provider.label, provider.max_tokens)

@@ -8,8 +8,10 @@ transaction open and is cut by a cancel like any agent turn.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
+from collections.abc import Iterator
 from datetime import timedelta
 
 from wirecut.console.commands._context import CommandContext, CommandError, UsageError
@@ -21,6 +23,7 @@ from wirecut.memory import (
     ConflictError,
     CuratorOutcome,
     NoteState,
+    NoteStore,
     StoreError,
     curate,
     format_note,
@@ -58,6 +61,27 @@ def _usage(problem: str, usage: str) -> UsageError:
     return UsageError(f"{problem}; usage: {usage}")
 
 
+@contextlib.contextmanager
+def _notes(ctx: CommandContext) -> Iterator[NoteStore]:
+    """The note store, its errors turned into the command's one-line error."""
+    store = ctx.services.store
+    if store is None:
+        raise CommandError("there is no note store here (it stays with the serve process)")
+    try:
+        yield store
+    except StoreError as exc:
+        raise CommandError(str(exc)) from None
+
+
+@contextlib.contextmanager
+def _conflicts_said() -> Iterator[None]:
+    """A conflict (notes changed while the model worked) is said as such, not as a store error."""
+    try:
+        yield
+    except ConflictError as exc:
+        raise CommandError(f"{exc} (they were used or changed while the model worked)") from None
+
+
 def _lines(ctx: CommandContext, lines: list[str]) -> None:
     ctx.write("".join(f"{line}\n" for line in lines))
 
@@ -73,12 +97,11 @@ def memory_add(ctx: CommandContext, args: list[str]) -> None:
         raise _usage("the title is missing", ADD_USAGE)
     if not body.strip():
         raise _usage("the body is missing", ADD_USAGE)
-    try:
-        note = ctx.services.store.add(title, body)
-    except ValueError as exc:
-        raise _usage(str(exc), ADD_USAGE) from None
-    except StoreError as exc:
-        raise CommandError(str(exc)) from None
+    with _notes(ctx) as store:
+        try:
+            note = store.add(title, body)
+        except ValueError as exc:
+            raise _usage(str(exc), ADD_USAGE) from None
     ctx.write(f"added note #{note.id}\n")
 
 
@@ -87,10 +110,8 @@ def memory_list(ctx: CommandContext, args: list[str]) -> None:
     """One line per note: id, state, last use, title."""
     if args:
         raise _usage(f"unexpected {args[0]!r}", LIST_USAGE)
-    try:
-        notes = ctx.services.store.notes()
-    except StoreError as exc:
-        raise CommandError(str(exc)) from None
+    with _notes(ctx) as store:
+        notes = store.notes()
     _lines(ctx, format_notes(notes))
 
 
@@ -107,15 +128,12 @@ def memory_show(ctx: CommandContext, args: list[str]) -> None:
     word = word.lstrip("0") or "0"
     if len(word) > MAX_ID_DIGITS:
         raise _usage(f"the note id has more than {MAX_ID_DIGITS} digits", SHOW_USAGE)
-    store = ctx.services.store
-    try:
+    with _notes(ctx) as store:
         note = store.touch(int(word))
         if note is None:
             raise CommandError(f"there is no note #{word}")
         umbrella = store.get(note.umbrella_id) if note.umbrella_id is not None else None
         merged = store.merged_into(note.id)
-    except StoreError as exc:
-        raise CommandError(str(exc)) from None
     _lines(ctx, format_note(note, umbrella=umbrella, merged=merged))
 
 
@@ -124,10 +142,8 @@ def curator_status(ctx: CommandContext, args: list[str]) -> None:
     """One line per state: how many notes are in it."""
     if args:
         raise _usage(f"unexpected {args[0]!r}", STATUS_USAGE)
-    try:
-        counts = ctx.services.store.counts()
-    except StoreError as exc:
-        raise CommandError(str(exc)) from None
+    with _notes(ctx) as store:
+        counts = store.counts()
     _lines(ctx, [f"{state}: {counts[state]}" for state in NoteState])
 
 
@@ -184,24 +200,21 @@ def curator_run(ctx: CommandContext, args: list[str]) -> None:
             ctx.token(compact)
 
     try:
-        run = curate(
-            ctx.services.store,
-            client=ctx.services.chat_client() if consolidate else None,
-            consolidate=consolidate,
-            dry_run=dry_run,
-            confirm=None if yes else ctx.confirm,
-            stale_after=stale_after,
-            archive_after=archive_after,
-            model=ctx.services.model,
-            max_tokens=max(PLAN_MAX_TOKENS, ctx.services.max_tokens),
-            on_token=on_token,
-            on_usage=ctx.add_usage,
-            on_progress=lambda line: ctx.write(line + "\n"),
-        )
-    except ConflictError as exc:
-        raise CommandError(f"{exc} (they were used or changed while the model worked)") from None
-    except StoreError as exc:
-        raise CommandError(str(exc)) from None
+        with _notes(ctx) as store, _conflicts_said():
+            run = curate(
+                store,
+                client=ctx.services.chat_client() if consolidate else None,
+                consolidate=consolidate,
+                dry_run=dry_run,
+                confirm=None if yes else ctx.confirm,
+                stale_after=stale_after,
+                archive_after=archive_after,
+                model=ctx.services.model,
+                max_tokens=max(PLAN_MAX_TOKENS, ctx.services.max_tokens),
+                on_token=on_token,
+                on_usage=ctx.add_usage,
+                on_progress=lambda line: ctx.write(line + "\n"),
+            )
     finally:
         if streamed:
             ctx.token("\n")
