@@ -658,7 +658,9 @@ def test_a_kill_the_warden_sees_fail_is_reported_worker_exited_false(
         stat = proc_stat(proc.pid)
         assert stat is not None
         identity = HostIdentity(node, "127.0.0.1", proc.pid, stat.start_ticks)
-        config = HostConfig("http://127.0.0.1:9/v1", None, None, "", 16, 1, 1.0, None, 5.0, 5.0)
+        config = HostConfig(
+            ProviderSpec("http://127.0.0.1:9/v1"), RunnerLimits(workers=1), lease_seconds=5.0
+        )
         pool = HostPool(config)
         warden = ray.remote(NodeWarden).options(num_cpus=0).remote()
         dummy = ray.remote(NodeWarden).options(num_cpus=0).remote()
@@ -689,7 +691,9 @@ def test_a_host_whose_lease_expires_cancels_its_commands_with_reason_shutdown(
     cluster: RayCluster,
 ) -> None:
     config = HostConfig(
-        "http://127.0.0.1:9/v1", None, None, "", 16, 2, 2.0, None, 60.0, lease_seconds=1.0
+        ProviderSpec("http://127.0.0.1:9/v1"),
+        RunnerLimits(workers=2, unwind_timeout=2.0),
+        lease_seconds=1.0,
     )
     groups = {"commands": 2, "control": 4}
     make_remote: Any = ray.remote
