@@ -8,28 +8,19 @@ it started, and exits 0.
 
 from __future__ import annotations
 
-import ipaddress
-import math
 import os
-import socket
 import sys
 from pathlib import Path
 
 import click
 
 from wirecut.cli._data_dir import data_dir_option
+from wirecut.cli._options import check_port, is_loopback, seconds, secret
 
 __all__ = ["proxy"]
 
 #: The environment variable that holds the client token when no file is given.
 TOKEN_ENV = "WIRECUT_PROXY_TOKEN"
-
-
-def _seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    # click's FloatRange lets NaN and inf through.
-    if not math.isfinite(value) or value <= 0:
-        raise click.BadParameter(f"must be a finite number of seconds > 0, not {value}")
-    return value
 
 
 def _slots(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
@@ -42,28 +33,6 @@ def _slots(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
     if slots < 1:
         raise click.BadParameter(f"must be 'auto' or a whole number >= 1, not {value!r}")
     return slots
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def _secret(path: Path | None, env: str, flag: str) -> str | None:
-    """A secret from ``path`` (``flag`` names it in errors), else from ``$env``; None if neither."""
-    if path is None:
-        return os.environ.get(env, "").strip() or None
-    try:
-        value = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise click.UsageError(f"{flag}: cannot read {str(path)!r}: {exc}") from None
-    if not value:
-        raise click.UsageError(f"{flag}: {str(path)!r} is empty")
-    return value
 
 
 @click.command("proxy")
@@ -104,7 +73,7 @@ def _secret(path: Path | None, env: str, flag: str) -> str | None:
     default=600.0,
     show_default=True,
     type=float,
-    callback=_seconds,
+    callback=seconds,
     help="Seconds from a request's arrival to its cut (queue, prompt and decoding).",
 )
 @click.option(
@@ -127,14 +96,14 @@ def proxy(
     data_dir: Path,
 ) -> None:
     """An OpenAI-compatible gateway whose client disconnect cuts the upstream request."""
-    token = _secret(token_file, TOKEN_ENV, "--token-file")
-    api_key = _secret(api_key_file, "OPENAI_API_KEY", "--api-key-file")
-    if token is None and not _is_loopback(host):
+    token = secret("proxy", "--token-file", token_file, TOKEN_ENV)
+    api_key = secret("proxy", "--api-key-file", api_key_file, "OPENAI_API_KEY")
+    if token is None and not is_loopback(host):
         raise click.UsageError(
             f"--host {host} needs a client token (--token-file or ${TOKEN_ENV}): "
             "without one the proxy binds a loopback address only"
         )
-    _check_port(host, port)
+    check_port("proxy", host, port)
 
     from wirecut.console.server import ProviderUnavailable, resolve_provider
     from wirecut.proxy import AUTO, Proxy, ProxyConfig
@@ -178,17 +147,3 @@ def proxy(
     finally:
         provider.stop()
     sys.exit(code)
-
-
-def _check_port(host: str, port: int) -> None:
-    """Refuse a port that is taken with one line, before starting an upstream for nothing."""
-    if port == 0:
-        return
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host.strip("[]"), port))
-        except OSError as exc:
-            click.echo(f"wirecut proxy: cannot listen on {host}:{port}: {exc.strerror}", err=True)
-            sys.exit(1)

@@ -12,11 +12,8 @@ local user can read a command line (``/proc/PID/cmdline``). docs/security.md.
 
 from __future__ import annotations
 
-import ipaddress
-import math
 import os
 import secrets
-import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,6 +22,7 @@ import click
 
 from wirecut.cli._data_dir import data_dir_option
 from wirecut.cli._local import model_spec
+from wirecut.cli._options import check_port, is_loopback, seconds, secret
 from wirecut.console._limits import RunnerLimits
 
 if TYPE_CHECKING:
@@ -36,22 +34,6 @@ __all__ = ["serve"]
 
 #: The runner's defaults, shown by --help (written once, in RunnerLimits).
 _RUNNER = RunnerLimits()
-
-
-def _seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    # click's FloatRange lets NaN and inf through.
-    if not math.isfinite(value) or value <= 0:
-        raise click.BadParameter(f"must be a finite number of seconds > 0, not {value}")
-    return value
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 @click.command("serve")
@@ -89,7 +71,7 @@ def _is_loopback(host: str) -> bool:
     default=_RUNNER.command_timeout,
     show_default=True,
     type=float,
-    callback=_seconds,
+    callback=seconds,
     help="The longest a command may run (a run frame's timeout is capped by it).",
 )
 @click.option(
@@ -97,7 +79,7 @@ def _is_loopback(host: str) -> bool:
     default=_RUNNER.unwind_timeout,
     show_default=True,
     type=float,
-    callback=_seconds,
+    callback=seconds,
     help="How long a cancelled command's worker may take to return before it is reported leaked.",
 )
 @click.option("--ray", "ray_address", default=None, help="Run commands on a Ray cluster.")
@@ -143,7 +125,7 @@ def _is_loopback(host: str) -> bool:
     default=10.0,
     show_default=True,
     type=float,
-    callback=_seconds,
+    callback=seconds,
     help="Seconds a connection may take to send a complete request head.",
 )
 @click.option(
@@ -151,7 +133,7 @@ def _is_loopback(host: str) -> bool:
     default=2.0,
     show_default=True,
     type=float,
-    callback=_seconds,
+    callback=seconds,
     help="Seconds a stopping server waits for its last frames to reach slow readers.",
 )
 @click.option(
@@ -187,16 +169,20 @@ def serve(
     """Run the console: a web page, a WebSocket API and a terminal client's server."""
     if no_token and (token is not None or token_file is not None):
         raise click.UsageError("--token/--token-file and --no-token exclude each other")
-    token = _secret("--token", token, "--token-file", token_file, TOKEN_ENV, no_token)
-    api_key = _secret("--api-key", api_key, "--api-key-file", api_key_file, API_KEY_ENV)
+    token = secret(
+        "serve", "--token-file", token_file, TOKEN_ENV, flag=("--token", token), skip_env=no_token
+    )
+    api_key = secret(
+        "serve", "--api-key-file", api_key_file, API_KEY_ENV, flag=("--api-key", api_key)
+    )
     _check_allowed_hosts(allowed_hosts)
-    if no_token and not _is_loopback(host):
+    if no_token and not is_loopback(host):
         raise click.UsageError(
             f"--no-token is refused on {host}: only a loopback address may go without a token"
         )
     if ray_address is not None:
         _check_ray(ray_address)
-    _check_port(host, port)
+    check_port("serve", host, port)
 
     from wirecut.console.server import (
         ConnectionLimits,
@@ -298,64 +284,6 @@ def _probe_provider(base_url: str, api_key: str | None) -> None:
 #: Where a secret comes from when no flag gives it.
 TOKEN_ENV = "WIRECUT_TOKEN"
 API_KEY_ENV = "OPENAI_API_KEY"
-#: A secret file larger than this is not a secret file.
-_MAX_SECRET_BYTES = 64 * 1024
-
-
-def _secret(
-    flag: str,
-    given: str | None,
-    file_flag: str,
-    path: Path | None,
-    env: str,
-    ignore_env: bool = False,
-) -> str | None:
-    """The secret from ``flag`` (with a warning), ``file_flag``'s file, or ``$env``; None if none.
-
-    One-line usage errors for both flags at once, an unreadable or empty file,
-    and a secret with whitespace or control characters in it.
-    """
-    if given is not None and path is not None:
-        raise click.UsageError(f"{flag} and {file_flag} exclude each other")
-    if given is not None:
-        click.echo(
-            f"wirecut serve: warning: {flag} on the command line is readable by every local "
-            f"user (/proc/PID/cmdline); use {file_flag} FILE or ${env}",
-            err=True,
-        )
-        value, source = given, flag
-    elif path is not None:
-        value, source = _read_secret(file_flag, path), f"{file_flag} {path}"
-    elif not ignore_env and os.environ.get(env, "").strip():
-        value, source = os.environ[env], f"${env}"
-    else:
-        return None
-    value = value.strip()
-    if not value:
-        raise click.UsageError(f"{source}: the secret is empty")
-    if any(ch.isspace() or not ch.isprintable() for ch in value):
-        raise click.UsageError(
-            f"{source}: the secret must be one word of printable characters (no spaces or "
-            "control characters)"
-        )
-    return value
-
-
-def _read_secret(file_flag: str, path: Path) -> str:
-    try:
-        with path.open("rb") as handle:
-            data = handle.read(_MAX_SECRET_BYTES + 1)
-    except OSError as exc:
-        raise click.UsageError(f"{file_flag}: cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > _MAX_SECRET_BYTES:
-        raise click.UsageError(f"{file_flag}: {path} is larger than {_MAX_SECRET_BYTES} bytes")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise click.UsageError(f"{file_flag}: {path} is not UTF-8 text") from None
-    if not text.strip():
-        raise click.UsageError(f"{file_flag}: {path} is empty")
-    return text
 
 
 def _check_allowed_hosts(names: tuple[str, ...]) -> None:
@@ -406,17 +334,3 @@ def _serve_on_ray(address: str, config: ConsoleConfig, provider: Provider) -> in
         return serve_forever(config, provider, echo=click.echo, runner=make_runner)
     finally:
         disconnect()
-
-
-def _check_port(host: str, port: int) -> None:
-    """Refuse a port that is taken with one line, before starting a provider for nothing."""
-    if port == 0:
-        return
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host.strip("[]"), port))
-        except OSError as exc:
-            click.echo(f"wirecut serve: cannot listen on {host}:{port}: {exc.strerror}", err=True)
-            sys.exit(1)
