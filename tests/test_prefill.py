@@ -169,18 +169,16 @@ def test_after_a_cut_a_provider_without_slots_gives_null_not_zero(
 # -- the real llama.cpp --------------------------------------------------------------------
 
 
-def test_local_server_takes_batch_sizes_and_refuses_a_ubatch_above_its_batch(
-    tmp_path: Path,
-) -> None:
+def test_local_server_takes_batch_sizes_and_refuses_a_ubatch_above_its_batch() -> None:
     from wirecut.local import LocalServer
 
-    default = LocalServer(tmp_path)
+    default = LocalServer()
     assert (default.batch_size, default.ubatch_size) == (256, 256)
-    assert LocalServer(tmp_path, batch_size=64).ubatch_size == 64
+    assert LocalServer(batch_size=64).ubatch_size == 64
     with pytest.raises(ValueError, match="ubatch_size"):
-        LocalServer(tmp_path, batch_size=128, ubatch_size=256)
+        LocalServer(batch_size=128, ubatch_size=256)
     with pytest.raises(ValueError, match="ubatch_size"):
-        LocalServer(tmp_path, batch_size=0)
+        LocalServer(batch_size=0)
 
 
 def _get_json(url: str) -> Any:
@@ -198,16 +196,14 @@ def _prompt_tokens_total(root: str) -> int:
 
 @pytest.mark.local
 @pytest.mark.timeout(180)
-def test_a_cut_during_a_long_prefill_frees_the_llama_cpp_slot_mid_prompt(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> None:
+def test_a_cut_during_a_long_prefill_frees_the_llama_cpp_slot_mid_prompt() -> None:
     from wirecut.local import LocalServer, is_available
     from wirecut.provider import ChatClient
     from wirecut.scope import InterruptScope
 
     if not is_available():
         pytest.skip("the extra `local` is not installed")
-    with LocalServer(tmp_path_factory.mktemp("local")) as server:
+    with LocalServer() as server:
         root = server.root_url
         words = " ".join(["harbour", "storm", "lamp", "keeper"] * 800)  # about 3,200 tokens
         text = f"Logbook {time.time_ns():x}. {words}"

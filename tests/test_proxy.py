@@ -877,7 +877,7 @@ def test_on_the_embedded_llama_cpp_every_cut_frees_its_slot_and_a_queued_client_
         pytest.skip("the extra `local` is not installed")
     generate = {"messages": [COUNT], "max_tokens": 2000, "temperature": 0, "ignore_eos": True}
     long_prompt = {**generate, "messages": [{"role": "user", "content": "word " * 1500}]}
-    with LocalServer(tmp_path / "local") as server:
+    with LocalServer() as server:
         root = server.base_url.removesuffix("/v1")
         config = ProxyConfig(upstream=server.base_url, port=0, data_dir=tmp_path)
         with ProxyServer(config) as proxy:
