@@ -262,8 +262,14 @@ class InterruptScope:
                 if child_found is not None:
                     pending.append((child, child_found))
         # Deepest first: a parent's children are cancelled once theirs are.
+        # Each parent in the tree records it itself, and only this scope
+        # passes it on to the ancestors above the tree: a walk up from every
+        # parent would cost depth squared (seconds for a chain of thousands).
         for scope in reversed(parents):
-            scope._mark(TimelineEvent.CHILDREN_CANCELLED)
+            if scope is self:
+                scope._mark(TimelineEvent.CHILDREN_CANCELLED)
+            else:
+                scope._mark_here(TimelineEvent.CHILDREN_CANCELLED, time.monotonic())
         if errors:
             for extra in errors[1:]:
                 _log.error("a cut also raised %r", extra)
@@ -320,11 +326,15 @@ class InterruptScope:
         now = time.monotonic()
         scope: InterruptScope | None = self
         while scope is not None:
-            with scope._lock:
-                if scope is self or scope._cancelled_at is not None:
-                    if all(seen is not event for seen, _ in scope._timeline):
-                        scope._timeline.append((event, now))
+            if scope is self or scope._cancelled_at is not None:
+                scope._mark_here(event, now)
             scope = scope.parent
+
+    def _mark_here(self, event: TimelineEvent, now: float) -> None:
+        """Record ``event`` at ``now`` in this scope's timeline, unless it is there already."""
+        with self._lock:
+            if all(seen is not event for seen, _ in self._timeline):
+                self._timeline.append((event, now))
 
     def _process_signalled(self) -> None:
         self._mark(TimelineEvent.PROCESSES_SIGNALLED)
