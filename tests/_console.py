@@ -10,6 +10,8 @@ woken by the frame it waits for) with the tests' conveniences on top.
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -155,3 +157,20 @@ def wait_health(
         if match(current) or time.monotonic() > deadline:
             return current
         time.sleep(0.02)
+
+
+def serve_argv(data_dir: Path, *args: str) -> list[str]:
+    """The command line of ``wirecut serve`` on a free port, its files in ``data_dir``."""
+    wirecut = [sys.executable, "-m", "wirecut"]
+    return [*wirecut, "serve", "--port", "0", "--data-dir", str(data_dir), *args]
+
+
+def start_serve(data_dir: Path, *args: str, **popen: Any) -> subprocess.Popen[str]:
+    """``wirecut serve ARGS`` as a program, its stdout and stderr piped as text."""
+    return subprocess.Popen(
+        serve_argv(data_dir, *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )

@@ -21,7 +21,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from _console import Console, ConsoleClient, health, running_console, wait_health
+from _console import Console, ConsoleClient, health, running_console, start_serve, wait_health
 from wirecut.console.commands import CommandContext, builtin_commands, command
 from wirecut.console.runner import route_stdio
 from wirecut.memory import NoteStore
@@ -593,23 +593,7 @@ def test_health_and_metrics_want_the_token(console: Console) -> None:
 
 
 def _serve(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "wirecut",
-            "serve",
-            "--port",
-            "0",
-            "--data-dir",
-            str(tmp_path),
-            *args,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    return start_serve(tmp_path, *args, start_new_session=True)
 
 
 def test_sigterm_completes_every_command_with_shutdown_and_exits_0(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from _console import Console, ConsoleClient, running_console, wait_health
+from _console import Console, ConsoleClient, running_console, start_serve, wait_health
 from _loopback import Exchange, LoopbackServer
 from _rawws import RawClient
 from wirecut.console.commands import CommandContext, builtin_commands, command
@@ -296,24 +296,7 @@ def _errors(client: ConsoleClient) -> list[dict[str, Any]]:
 
 
 def _serve(tmp_path: Path, *args: str, **kwargs: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "wirecut",
-            "serve",
-            "--port",
-            "0",
-            "--data-dir",
-            str(tmp_path),
-            *args,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        **kwargs,
-    )
+    return start_serve(tmp_path, *args, start_new_session=True, **kwargs)
 
 
 def _metric(url: str, token: str, name: str) -> float:

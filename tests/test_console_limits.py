@@ -15,7 +15,6 @@ import resource
 import select
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +25,7 @@ import httpx
 import pytest
 import uvicorn
 
-from _console import Console, ConsoleClient, running_console, wait_health
+from _console import Console, ConsoleClient, running_console, start_serve, wait_health
 from _rawws import RawClient
 from wirecut.console.server import ConnectionLimits
 from wirecut.console.server._limits import ConnectionGuard, Dropped, GuardedConfig
@@ -270,23 +269,7 @@ def _serve(tmp_path: Path, nofile: tuple[int, int], *args: str) -> subprocess.Po
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
 
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "wirecut",
-            "serve",
-            "--port",
-            "0",
-            "--data-dir",
-            str(tmp_path),
-            *args,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=limit,
-    )
+    return start_serve(tmp_path, *args, preexec_fn=limit)
 
 
 @contextlib.contextmanager

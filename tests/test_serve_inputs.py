@@ -16,14 +16,13 @@ import signal
 import socket
 import sqlite3
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from _console import Console, running_console
+from _console import Console, running_console, serve_argv, start_serve
 from wirecut.memory import NoteStore
 from wirecut.provider import ProviderKind, base_url_problem, identify_provider
 from wirecut.simulator import SimConfig, SimulatorServer
@@ -42,17 +41,7 @@ def serve_env(**extra: str) -> dict[str, str]:
 def serve(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """``wirecut serve ARGS`` that is expected to exit by itself."""
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "wirecut",
-            "serve",
-            "--port",
-            "0",
-            "--data-dir",
-            str(tmp_path),
-            *args,
-        ],
+        serve_argv(tmp_path, *args),
         env=serve_env(**env),
         capture_output=True,
         text=True,
@@ -67,24 +56,7 @@ def serve_banner(tmp_path: Path, *args: str, **env: str) -> list[str]:
     Serving at all (the ``wirecut console:`` line) is part of what is checked:
     a provider that does not answer never stops the console.
     """
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "wirecut",
-            "serve",
-            "--port",
-            "0",
-            "--data-dir",
-            str(tmp_path),
-            *args,
-        ],
-        env=serve_env(**env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
+    proc = start_serve(tmp_path, *args, env=serve_env(**env), stdin=subprocess.DEVNULL)
     try:
         assert proc.stdout is not None
         banner = proc.stdout.readline()  # Blocks until it listens (or exits).
