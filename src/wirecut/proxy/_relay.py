@@ -131,15 +131,18 @@ def relay(
     try:
         for attempt in range(connect_retries + 1):
             state = _Sent(tally)
-            outgoing = upstream.http.build_request(
+            # Straight to the scoped transport: the client's layers (auth,
+            # redirects, cookies, default headers) do nothing for the proxy
+            # and cost a large part of a loopback first token.
+            outgoing = httpx.Request(
                 "POST",
                 url,
                 content=request.body,
                 headers=headers,
-                extensions={"trace": state.trace},
+                extensions={"trace": state.trace, "timeout": upstream.timeout},
             )
             try:
-                response = upstream.http.send(outgoing, stream=True)
+                response = upstream.transport.handle_request(outgoing)
             except httpx.TransportError as exc:
                 connect_failed = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
                 if state.sent or not connect_failed or attempt == connect_retries:
@@ -149,6 +152,7 @@ def relay(
                     )
                 ws.sleep(RETRY_PAUSE * 2**attempt)  # A cut wakes it with Interrupted.
                 continue
+            response.request = outgoing
             try:
                 return _read(response, request, channel, tally)
             except httpx.HTTPError as exc:

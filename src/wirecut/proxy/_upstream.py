@@ -71,8 +71,8 @@ class Upstream:
         # No read timeout: a prompt may take minutes before its first byte;
         # the request's own scope (--request-timeout, a cancel, the client
         # leaving) ends a wait, by a cut.
-        self.http = wirecut.http.client(
-            timeout=httpx.Timeout(None, connect=connect_timeout),
+        timeout = httpx.Timeout(None, connect=connect_timeout)
+        self.transport = wirecut.http.ScopedTransport(
             connect_timeout=connect_timeout,
             # Shorter than the usual server keep-alive (5 s: uvicorn, llama.cpp),
             # so that a reused connection is not one the server is closing.
@@ -81,6 +81,9 @@ class Upstream:
             ),
             trust_env=False,
         )
+        #: The request extensions ``relay`` sends with (the transport reads the timeout there).
+        self.timeout = timeout.as_dict()
+        self.http = wirecut.http.client(transport=self.transport, timeout=timeout, trust_env=False)
 
     def url(self, path: str) -> str:
         """The upstream URL of ``path`` under the API base (``chat/completions``)."""
