@@ -14,6 +14,7 @@ The order matters once: the last test kills the second node.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -43,9 +44,25 @@ if _missing is not None:
 
 import ray  # noqa: E402
 
-from wirecut.console.cluster import NAMESPACE, ClusterRunner, ProviderSpec, placement  # noqa: E402
+from wirecut.console.cluster import (  # noqa: E402
+    NAMESPACE,
+    ClusterRunner,
+    CommandHost,
+    Host,
+    HostConfig,
+    HostIdentity,
+    HostPool,
+    HostReceipt,
+    NodeWarden,
+    Outcome,
+    ProviderSpec,
+    placement,
+)
+from wirecut.console.cluster._remote import remote_facts  # noqa: E402
+from wirecut.console.runner import Reason, RunnerLimits, Status  # noqa: E402
 from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider  # noqa: E402
 from wirecut.memory import NoteStore  # noqa: E402
+from wirecut.scope import proc_stat  # noqa: E402
 from wirecut.simulator import SimConfig, SimulatorServer  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -112,9 +129,9 @@ def cluster_console(
         return ClusterRunner(
             services,
             ProviderSpec(sim.base_url),
-            workers=workers,
-            unwind_timeout=unwind_timeout,
-            escalate_after=escalate_after,
+            limits=RunnerLimits(
+                workers=workers, unwind_timeout=unwind_timeout, escalate_after=escalate_after
+            ),
             observer=metrics,
             registry=metrics.registry,
             nodes=nodes,
@@ -608,3 +625,97 @@ def test_a_lost_node_ends_its_commands_as_lost_never_as_cancelled(
 def _alive(pid: int) -> bool:
     with open(f"/proc/{pid}/stat", "rb") as f:
         return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+
+
+# -- the warden and the lease, on their own -------------------------------------------------
+
+
+def test_the_warden_says_a_live_process_is_alive_and_a_gone_or_reused_one_is_gone() -> None:
+    warden = NodeWarden()
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        stat = proc_stat(proc.pid)
+        assert stat is not None
+        assert stat.start_ticks is not None
+        assert warden.gone(proc.pid, stat.start_ticks) is False
+        # The same pid with another start time is another process: ours is gone.
+        assert warden.gone(proc.pid, stat.start_ticks + 1) is True
+    finally:
+        proc.kill()
+        proc.wait()
+    assert warden.gone(proc.pid, stat.start_ticks) is True
+
+
+def test_a_kill_the_warden_sees_fail_is_reported_worker_exited_false(
+    cluster: RayCluster,
+) -> None:
+    # A "host" whose process ray.kill cannot end: a process of ours that the
+    # warden is asked about. The warden sees it alive for the whole
+    # confirmation window, so the kill is reported as failed, never as done.
+    node = ray.get_runtime_context().get_node_id()
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        stat = proc_stat(proc.pid)
+        assert stat is not None
+        identity = HostIdentity(node, "127.0.0.1", proc.pid, stat.start_ticks)
+        config = HostConfig(
+            ProviderSpec("http://127.0.0.1:9/v1"), RunnerLimits(workers=1), lease_seconds=5.0
+        )
+        pool = HostPool(config)
+        warden = ray.remote(NodeWarden).options(num_cpus=0).remote()
+        dummy = ray.remote(NodeWarden).options(num_cpus=0).remote()
+        ray.get([warden.where.remote(), dummy.where.remote()], timeout=60)  # both started
+        pool.wardens[node] = warden
+        host = Host(name="test-host", node_id=node, actor=dummy, slots=1, identity=identity)
+
+        async def kill() -> bool | None:
+            return await pool.kill(host)
+
+        exited = asyncio.run(kill())
+        assert exited is False
+        assert proc.poll() is None  # it really is still running
+        outcome = Outcome(killed_at=time.monotonic(), exited=exited, node=node)
+        facts = remote_facts(
+            outcome, reason=Reason.USER, cancelled_at=time.monotonic(), elapsed_ms=1.0
+        )
+        assert facts.lifecycle.worker_exited is False
+        assert facts.lifecycle.force_killed is False
+        assert facts.status is Status.CANCELLED
+        assert "worker_exited" not in [step.event for step in facts.lifecycle.timeline or ()]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_host_whose_lease_expires_cancels_its_commands_with_reason_shutdown(
+    cluster: RayCluster,
+) -> None:
+    config = HostConfig(
+        ProviderSpec("http://127.0.0.1:9/v1"),
+        RunnerLimits(workers=2, unwind_timeout=2.0),
+        lease_seconds=1.0,
+    )
+    groups = {"commands": 2, "control": 4}
+    make_remote: Any = ray.remote
+    actor = (
+        make_remote(concurrency_groups=groups)(CommandHost)
+        .options(num_cpus=0, max_restarts=0, max_task_retries=0)
+        .remote(config)
+    )
+    ray.get(actor.where.remote(), timeout=60)  # started: its lease runs from now
+    items: list[Any] = []
+    for ref in actor.run.remote("lease-job", "sleep 60", None, None):
+        batch = ray.get(ref, timeout=30)
+        items.extend(batch)
+        if items[-1][0] == "complete":
+            break
+    kinds = [item[0] for item in items]
+    assert kinds[0] == "started"
+    receipt = items[-1][1]
+    assert isinstance(receipt, HostReceipt)
+    facts = receipt.facts
+    assert facts.status is Status.CANCELLED
+    assert facts.reason is Reason.SHUTDOWN  # cancelled through its runner, not killed
+    assert facts.lifecycle.worker_exited is True
+    assert facts.lifecycle.timeline is not None
+    assert facts.lifecycle.timeline[0].event == "cancel_requested"

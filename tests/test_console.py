@@ -22,7 +22,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from _console import Console, ConsoleClient, health, running_console, wait_health
-from wirecut.console.commands import CommandContext, command
+from wirecut.console.commands import CommandContext, builtin_commands, command
 from wirecut.console.runner import route_stdio
 from wirecut.memory import NoteStore
 from wirecut.scope import Interrupted
@@ -69,6 +69,29 @@ def _orphan(ctx: CommandContext, args: list[str]) -> None:
     ctx.scope.sleep(60)
 
 
+_left_behind: list[Any] = []
+
+
+@command("test-leave", usage="test-leave", summary="(tests) returns with a thread and a process")
+def _leave(ctx: CommandContext, args: list[str]) -> None:
+    # Returns at once, leaving a thread (blocked until cut) and a process
+    # (never waited for) behind: the runner must cut both before its complete.
+    thread_started = threading.Event()
+
+    def linger() -> None:
+        thread_started.set()
+        ctx.scope.sleep(3600)
+
+    ctx.scope.spawn(linger)
+    process = ctx.scope.popen(["sleep", "3600"])
+    assert thread_started.wait(10)
+    _left_behind.append(process.pid)
+    ctx.write("left\n")
+
+
+#: The console's commands and these tests' own.
+COMMANDS = builtin_commands().plus(_stubborn, _print, _orphan, _leave)
+
 # -- helpers ---------------------------------------------------------------------------
 
 
@@ -90,7 +113,7 @@ def assert_clean_cut(complete: dict[str, Any], reason: str, status: str = "cance
 
 @pytest.fixture
 def console(tmp_path: Path) -> Any:
-    with running_console(tmp_path, workers=4, unwind_timeout=5) as running:
+    with running_console(tmp_path, workers=4, unwind_timeout=5, commands=COMMANDS) as running:
         yield running
 
 
@@ -217,7 +240,9 @@ def test_a_worker_that_ignores_the_cut_is_reported_leaked_and_replaced(tmp_path:
     _stubborn_release.clear()
     try:
         with (
-            running_console(tmp_path, workers=1, unwind_timeout=0.5, escalate_after=0.1) as running,
+            running_console(
+                tmp_path, workers=1, unwind_timeout=0.5, escalate_after=0.1, commands=COMMANDS
+            ) as running,
             running.client() as c,
         ):
             id = c.run("test-stubborn")
@@ -274,13 +299,61 @@ def test_the_complete_waits_for_a_process_in_its_kill_grace(
     assert "processes_killed" in [step["event"] for step in complete["lifecycle"]["timeline"]]
 
 
+def test_what_a_finished_command_left_running_is_cut_and_its_complete_says_so(
+    console: Console, client: ConsoleClient
+) -> None:
+    _left_behind.clear()
+    id = client.run("test-leave")
+    complete = client.complete(id)
+    assert complete["status"] == "ok"
+    assert complete["reason"] is None
+    assert complete["late_cancel"] is None
+    lifecycle = complete["lifecycle"]
+    assert lifecycle["worker_exited"] is True
+    assert lifecycle["open_processes"] == 0
+    events = [step["event"] for step in lifecycle["timeline"]]
+    assert events[0] == "cancel_requested"
+    assert "processes_killed" in events
+    [pid] = _left_behind
+    assert group_members(pid) == []  # its group is gone, not merely signalled
+    assert wait_health(console.server, lambda h: h["workers"]["busy"] == 0)["processes"] == {
+        "open": 0
+    }
+
+
+def test_a_cancel_during_the_confirmation_ends_the_command_at_once(tmp_path: Path) -> None:
+    def responder(body: dict[str, Any]) -> dict[str, Any]:
+        plan = {"umbrellas": [{"title": "Lyon", "summary": "the trip", "note_ids": [1, 2]}]}
+        return {"content": json.dumps(plan)}
+
+    with running_console(tmp_path, responder=responder) as running, running.client() as c:
+        _seed_notes(c)
+        store = NoteStore.in_data_dir(running.data_dir)
+        before = store.dump()
+        id = c.run("curator run --consolidate")
+        c.wait_for(lambda f: f["type"] == "confirm_required" and f["id"] == id)
+        c.cancel(id)
+        complete = c.complete(id)
+        assert complete["status"] == "cancelled"
+        assert complete["reason"] == "user"
+        lifecycle = complete["lifecycle"]
+        assert lifecycle["worker_exited"] is True
+        assert lifecycle["started"] is True
+        assert "worker_exited" in [step["event"] for step in lifecycle["timeline"]]
+        assert store.dump() == before
+        # Its confirmation is over: a late confirm names no live command.
+        c.send({"type": "confirm", "id": id})
+        error = c.wait_for(lambda f: f["type"] == "error")
+        assert id in error["message"]
+
+
 def test_usage_errors_complete_as_errors(console: Console, client: ConsoleClient) -> None:
     for line, message, started in [
         ("nope", "unknown command 'nope'", False),
         ('chat "unclosed', "cannot parse", False),
         ("", "empty line", False),
         ("memory frobnicate", "unknown memory command", False),
-        ("memory show " + "9" * 120, "there is no note #" + "9" * 120, True),
+        ("memory show " + "9" * 120, "the note id has more than 19 digits", True),
         ("sleep", "usage: sleep SECONDS", True),
         ("sleep forever", "not a number", True),
         ("sleep nan", "finite", True),
@@ -512,6 +585,7 @@ def test_health_and_metrics_want_the_token(console: Console) -> None:
         "workers": {"max": 4, "busy": 0, "queued": 0, "leaked": 0},
         "requests": {"open": 0},
         "processes": {"open": 0},
+        "slots": {"busy_after_cut": 0},
     }
 
 

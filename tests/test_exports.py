@@ -10,6 +10,7 @@ import pytest
 
 PACKAGES = [
     "wirecut.agent",
+    "wirecut.aio",
     "wirecut.console.cluster",
     "wirecut.console.commands",
     "wirecut.console.runner",
@@ -20,6 +21,7 @@ PACKAGES = [
     "wirecut.memory",
     "wirecut.proof",
     "wirecut.provider",
+    "wirecut.proxy",
     "wirecut.scope",
     "wirecut.simulator",
 ]

@@ -68,6 +68,13 @@ def _alive(pid: int) -> bool:
     return stat is not None and stat.alive
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _children_of(pid: int) -> list[int]:
     return [stat.pid for stat in proc_stats() if stat.ppid == pid]
 
@@ -263,8 +270,12 @@ def test_cli_serves_until_sigterm_then_exits_0_and_reaps_llama_cpp(data_dir: Pat
             assert match.group(3) == MODEL_NAME
             root = match.group(1).removesuffix("/v1")
             assert _get(root + "/health") == (200, b'{"status":"ok"}')
+            # The llama.cpp child, and the group reaper (scope._reaper) that
+            # would kill its group if `local` died without stopping it.
             children = _children_of(proc.pid)
-            assert len(children) == 1, children
+            servers = [pid for pid in children if b"wirecut.local._child" in _cmdline(pid)]
+            assert len(servers) == 1, children
+            assert len(children) == 2, children
 
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=15) == 0
@@ -275,6 +286,11 @@ def test_cli_serves_until_sigterm_then_exits_0_and_reaps_llama_cpp(data_dir: Pat
         stderr = proc.stderr.read().decode()
         assert "SmolLM2-135M-Instruct is a tiny instruction-tuned model" in stderr
         assert "base" not in stderr
+    assert not _alive(servers[0])  # Reaped by `local` itself before it exited.
+    # The reaper ends once `local` has exited (its pipe closes): poll for it.
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert not any(_alive(pid) for pid in children)
 
 

@@ -6,12 +6,13 @@ always checked by comparing ``dump()`` (``iterdump``) before and after.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -228,6 +229,78 @@ def test_a_cancel_while_a_write_is_under_way_rolls_it_back(
         holder.close()
         with pytest.raises(Interrupted):
             future.result(10)
+    assert store.dump() == before
+
+
+@contextlib.contextmanager
+def write_lock_held(store: NoteStore) -> Iterator[sqlite3.Connection]:
+    """Another writer holding the store's write lock until the block ends."""
+    holder = sqlite3.connect(store.path, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        yield holder
+        holder.execute("ROLLBACK")
+    finally:
+        holder.close()
+
+
+def test_a_cancel_ends_the_wait_for_another_writers_lock_at_once(tmp_path: Path) -> None:
+    # A wait far longer than the bound below: only the cancel can end it in time.
+    store = NoteStore(tmp_path / "notes.db", timeout=120)
+    store.add("First", "kept", now=T0)
+    before = store.dump()
+    scope = InterruptScope("command")
+    waiting = threading.Event()
+    tries: list[float] = []
+
+    real_sleep = scope.sleep
+
+    def sleep(seconds: float) -> None:
+        tries.append(seconds)
+        waiting.set()  # The write found the lock taken and waits for it.
+        real_sleep(seconds)
+
+    scope.sleep = sleep  # type: ignore[method-assign]
+    with write_lock_held(store) as holder, ThreadPoolExecutor(1) as pool:
+        future = pool.submit(scope.run, store.add, "Second", "never written")
+        assert waiting.wait(10)
+        scope.cancel("user")
+        # The writer returns while the other one still holds the lock.
+        with pytest.raises(Interrupted):
+            future.result(10)
+        assert holder.in_transaction
+    assert tries
+    assert all(step <= max(store_module.LOCK_STEPS) for step in tries)
+    assert store.dump() == before
+
+
+def test_a_write_waits_for_another_writers_lock_and_then_commits(store: NoteStore) -> None:
+    scope = InterruptScope("command")
+    waiting = threading.Event()
+    real_sleep = scope.sleep
+
+    def sleep(seconds: float) -> None:
+        waiting.set()
+        real_sleep(seconds)
+
+    scope.sleep = sleep  # type: ignore[method-assign]
+    with ThreadPoolExecutor(1) as pool:
+        with write_lock_held(store):
+            future = pool.submit(scope.run, store.add, "Later", "written once the lock is free")
+            assert waiting.wait(10)
+            assert not future.done()
+        note = future.result(10)
+    assert store.get(note.id) == note
+
+
+def test_the_wait_for_another_writers_lock_still_ends_at_the_store_timeout(
+    tmp_path: Path,
+) -> None:
+    store = NoteStore(tmp_path / "notes.db", timeout=0.2)
+    before = store.dump()
+    with write_lock_held(store), pytest.raises(StoreError, match="database is locked") as caught:
+        InterruptScope("command").run(store.add, "Never", "written")
+    assert str(store.path) in str(caught.value)
     assert store.dump() == before
 
 

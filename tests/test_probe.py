@@ -2,12 +2,13 @@
 
 Every test runs the command as the runner does: on a pool thread under
 ``scope.run`` with a real ``InterruptScope``, and a hand-built
-``CommandContext`` whose output collects into a list. It waits (with a bound)
-until the probe is really blocked at its point, cancels, and checks that the
-worker ended with ``Interrupted``, the scope's ledger drained, and the
-probe's loopback servers are gone: their ports refuse a connection, no
-``wirecut-probe-*`` thread is left, and no socket the test did not hold
-before is still open.
+``CommandContext`` whose output collects into a list; the command is made by
+``probe_command(on_server=...)``, which shows the test each server it starts.
+It waits (with a bound) until the probe is really blocked at its point,
+cancels, and checks that the worker ended with ``Interrupted``, the scope's
+ledger drained, and the probe's loopback servers are gone: their ports refuse
+a connection, no ``wirecut-probe-*`` thread is left, and no socket the test
+did not hold before is still open.
 """
 
 from __future__ import annotations
@@ -23,10 +24,17 @@ from typing import Any, cast
 
 import pytest
 
-from wirecut.console.commands import CommandContext, Session, Stream, UsageError, _probe, _registry
-from wirecut.console.commands._probe import POINTS, FullListener, ProbeServer, probe
+from wirecut.console.commands import (
+    CommandContext,
+    Session,
+    Stream,
+    UsageError,
+    builtin_commands,
+)
+from wirecut.console.commands._probe import POINTS, probe, probe_command
 from wirecut.provider import Usage
 from wirecut.scope import Interrupted, InterruptScope, TimelineEvent
+from wirecut.simulator import FullBacklog, LoopbackServer
 
 BOUND = 10.0  # seconds: "promptly" on a shared, noisy machine
 
@@ -72,7 +80,13 @@ class Output:
 class Run:
     """One ``probe POINT`` command running on a pool thread under its own scope."""
 
-    def __init__(self, pool: ThreadPoolExecutor, point: str, output: Output | None = None) -> None:
+    def __init__(
+        self,
+        pool: ThreadPoolExecutor,
+        point: str,
+        servers: list[Served],
+        output: Output | None = None,
+    ) -> None:
         self.scope = InterruptScope("cmd")
         self.out = output or Output()
         self.sockets_before = open_sockets()
@@ -86,7 +100,8 @@ class Run:
             confirm=lambda message: True,
             add_usage=self.out.add_usage,
         )
-        self.future: Future[None] = pool.submit(self.scope.run, probe, ctx, [point])
+        command = probe_command(on_server=servers.append)
+        self.future: Future[None] = pool.submit(self.scope.run, command, ctx, [point])
         _started.append((self.scope, self.future))
 
     def cut(self, *, escalate_after: float | None = None) -> BaseException:
@@ -119,12 +134,13 @@ def pool() -> Iterator[ThreadPoolExecutor]:
 _started: list[tuple[InterruptScope, Future[None]]] = []
 
 
+Served = LoopbackServer | FullBacklog
+
+
 @pytest.fixture
-def servers(monkeypatch: pytest.MonkeyPatch) -> list[ProbeServer | FullListener]:
-    """The loopback servers and listeners the probes start, in order."""
-    started: list[ProbeServer | FullListener] = []
-    monkeypatch.setattr(_probe, "server_hook", started.append)
-    return started
+def servers() -> list[Served]:
+    """The loopback servers and listeners the test's probe starts, in order."""
+    return []
 
 
 def probe_threads() -> list[str]:
@@ -146,7 +162,7 @@ def open_sockets() -> set[str]:
     return found
 
 
-def assert_left_nothing(run: Run, servers: list[ProbeServer | FullListener]) -> None:
+def assert_left_nothing(run: Run, servers: list[Served]) -> None:
     """No probe thread or socket remains, every server's port refuses, the ledger drained.
 
     Called as soon as the command returned: it stops what it started before
@@ -160,10 +176,10 @@ def assert_left_nothing(run: Run, servers: list[ProbeServer | FullListener]) -> 
     assert run.scope.wait_quiescent(5), run.scope.live()
 
 
-def only_server(servers: list[ProbeServer | FullListener]) -> ProbeServer:
+def only_server(servers: list[Served]) -> LoopbackServer:
     assert len(servers) == 1
     server = servers[0]
-    assert isinstance(server, ProbeServer)
+    assert isinstance(server, LoopbackServer)
     return server
 
 
@@ -180,9 +196,9 @@ def syn_sent_to(port: int) -> int:
 
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads the TCP table of Linux")
 def test_connect_blocks_in_the_connect_to_a_full_backlog_until_cut(
-    pool: ThreadPoolExecutor, servers: list[ProbeServer | FullListener]
+    pool: ThreadPoolExecutor, servers: list[Served]
 ) -> None:
-    run = Run(pool, "connect")
+    run = Run(pool, "connect", servers)
     line = run.out.wait_line()
     assert len(servers) == 1
     port = servers[0].port
@@ -205,19 +221,20 @@ def test_connect_blocks_in_the_connect_to_a_full_backlog_until_cut(
 
 
 def test_ttfb_blocks_waiting_for_headers_and_the_cut_reaches_the_server(
-    pool: ThreadPoolExecutor, servers: list[ProbeServer | FullListener]
+    pool: ThreadPoolExecutor, servers: list[Served]
 ) -> None:
-    run = Run(pool, "ttfb")
+    run = Run(pool, "ttfb", servers)
     line = run.out.wait_line()
     server = only_server(servers)
     assert line.startswith(
         f"probe ttfb: waiting for the response headers from 127.0.0.1:{server.port}"
     )
-    assert server.wait_for(lambda: server.open_exchanges == 1, BOUND)
+    assert server.wait_for(lambda: server.open_requests == 1, BOUND)
 
     assert isinstance(run.cut(), Interrupted)
     assert len(server.requests) == 1
-    assert len(server.peer_closes) == 1  # the client closed it, before the server stopped
+    # The client closed it, before the server stopped (a stop's close is not recorded).
+    assert server.closes == [server.requests[0].connection]
     assert "the server saw the close" in run.out.text()
     assert [u.requests for u in run.out.usage] == [1]
     assert run.out.tokens() == []
@@ -226,9 +243,9 @@ def test_ttfb_blocks_waiting_for_headers_and_the_cut_reaches_the_server(
 
 
 def test_stream_reads_tokens_until_cut_and_counts_every_token_received(
-    pool: ThreadPoolExecutor, servers: list[ProbeServer | FullListener]
+    pool: ThreadPoolExecutor, servers: list[Served]
 ) -> None:
-    run = Run(pool, "stream")
+    run = Run(pool, "stream", servers)
     line = run.out.wait_line()
     server = only_server(servers)
     assert line == (
@@ -240,7 +257,7 @@ def test_stream_reads_tokens_until_cut_and_counts_every_token_received(
     assert isinstance(run.cut(), Interrupted)
     tokens = run.out.tokens()
     assert [(u.requests, u.completion_tokens) for u in run.out.usage] == [(1, len(tokens))]
-    assert len(server.peer_closes) == 1
+    assert server.closes == [server.requests[0].connection]
     # On a line of its own, after the tokens.
     report = [data for _, data in run.out.frames if "saw the close" in data]
     assert len(report) == 1
@@ -250,9 +267,9 @@ def test_stream_reads_tokens_until_cut_and_counts_every_token_received(
 
 
 def test_subprocess_waits_for_sleep_until_the_cut_kills_it(
-    pool: ThreadPoolExecutor, servers: list[ProbeServer | FullListener]
+    pool: ThreadPoolExecutor, servers: list[Served]
 ) -> None:
-    run = Run(pool, "subprocess")
+    run = Run(pool, "subprocess", servers)
     match = re.search(r"\(pid (\d+),", run.out.wait_line())
     assert match is not None
     pid = int(match.group(1))
@@ -267,9 +284,9 @@ def test_subprocess_waits_for_sleep_until_the_cut_kills_it(
 
 
 def test_sleep_blocks_in_scope_sleep_until_cut(
-    pool: ThreadPoolExecutor, servers: list[ProbeServer | FullListener]
+    pool: ThreadPoolExecutor, servers: list[Served]
 ) -> None:
-    run = Run(pool, "sleep")
+    run = Run(pool, "sleep", servers)
     assert run.out.wait_line().startswith("probe sleep: in scope.sleep(3600)")
 
     assert isinstance(run.cut(), Interrupted)
@@ -278,9 +295,9 @@ def test_sleep_blocks_in_scope_sleep_until_cut(
 
 
 def test_python_loop_ends_only_by_escalation(
-    pool: ThreadPoolExecutor, servers: list[ProbeServer | FullListener]
+    pool: ThreadPoolExecutor, servers: list[Served]
 ) -> None:
-    run = Run(pool, "python-loop")
+    run = Run(pool, "python-loop", servers)
     assert run.out.wait_line().startswith("probe python-loop: spinning in pure Python")
 
     assert isinstance(run.cut(escalate_after=0.2), Interrupted)
@@ -289,9 +306,9 @@ def test_python_loop_ends_only_by_escalation(
 
 
 def test_nested_thread_blocks_until_the_cut_ends_both_threads(
-    pool: ThreadPoolExecutor, servers: list[ProbeServer | FullListener]
+    pool: ThreadPoolExecutor, servers: list[Served]
 ) -> None:
-    run = Run(pool, "nested-thread")
+    run = Run(pool, "nested-thread", servers)
     match = re.search(r"waiting for thread (\S+),", run.out.wait_line())
     assert match is not None
     assert match.group(1) in probe_threads()
@@ -302,21 +319,22 @@ def test_nested_thread_blocks_until_the_cut_ends_both_threads(
 
 
 def test_child_agent_blocks_in_the_childs_stream_and_counts_both_requests(
-    pool: ThreadPoolExecutor, servers: list[ProbeServer | FullListener]
+    pool: ThreadPoolExecutor, servers: list[Served]
 ) -> None:
-    run = Run(pool, "child-agent")
+    run = Run(pool, "child-agent", servers)
     run.out.wait_line()
     server = only_server(servers)
     assert run.out.wait_for(lambda: len(run.out.tokens()) >= 2)
     # The parent's request offered `delegate`; the child's (streaming now) offered nothing.
-    assert [bool(r.get("tools")) for r in server.requests] == [True, False]
+    assert [bool(r.json().get("tools")) for r in server.requests] == [True, False]
     assert run.scope.live()["objects"] == 2  # the parent's turn, and the child's inside it
 
     assert isinstance(run.cut(), Interrupted)
     tokens = run.out.tokens()
     assert sum(u.requests for u in run.out.usage) == 2
-    assert sum(u.completion_tokens for u in run.out.usage) == len(tokens)
-    assert len(server.peer_closes) == 1
+    # The tokens the user saw, and the parent's one tool-call delta (`delegate`).
+    assert sum(u.completion_tokens or 0 for u in run.out.usage) == len(tokens) + 1
+    assert server.requests[-1].connection in server.closes  # the child's stream was cut
     assert TimelineEvent.OBJECTS_INTERRUPTED in run.events()
     assert_left_nothing(run, servers)
 
@@ -325,9 +343,9 @@ def test_child_agent_blocks_in_the_childs_stream_and_counts_both_requests(
 
 
 def test_a_probe_that_fails_uncut_still_stops_its_server(
-    pool: ThreadPoolExecutor, servers: list[ProbeServer | FullListener]
+    pool: ThreadPoolExecutor, servers: list[Served]
 ) -> None:
-    run = Run(pool, "stream", Output(fail_on_token=True))
+    run = Run(pool, "stream", servers, Output(fail_on_token=True))
     exc = run.future.exception(timeout=BOUND)
     assert isinstance(exc, RuntimeError)
     assert not run.scope.cancelled
@@ -337,7 +355,7 @@ def test_a_probe_that_fails_uncut_still_stops_its_server(
 
 @pytest.mark.parametrize("args", [["nowhere"], [], ["sleep", "extra"]])
 def test_anything_but_one_known_point_is_a_usage_error_naming_the_points(
-    pool: ThreadPoolExecutor, servers: list[ProbeServer | FullListener], args: list[str]
+    pool: ThreadPoolExecutor, servers: list[Served], args: list[str]
 ) -> None:
     scope = InterruptScope("cmd")
     out = Output()
@@ -351,8 +369,9 @@ def test_anything_but_one_known_point_is_a_usage_error_naming_the_points(
         confirm=lambda message: True,
         add_usage=out.add_usage,
     )
+    command = probe_command(on_server=servers.append)
     with pytest.raises(UsageError) as info:
-        pool.submit(scope.run, probe, ctx, args).result(timeout=BOUND)
+        pool.submit(scope.run, command, ctx, args).result(timeout=BOUND)
     message = str(info.value)
     assert "\n" not in message
     assert all(point in message for point in POINTS)
@@ -360,9 +379,9 @@ def test_anything_but_one_known_point_is_a_usage_error_naming_the_points(
     assert servers == []
 
 
-def test_probe_is_registered_with_every_point_in_its_usage() -> None:
-    registered = _registry._registry["probe"]
-    assert registered.fn is probe
+def test_probe_is_a_builtin_command_with_every_point_in_its_usage() -> None:
+    registered = builtin_commands()["probe"]
+    assert registered is probe
     assert registered.usage == "probe " + "|".join(POINTS)
     assert set(POINTS) == {
         "connect",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import sys
 import threading
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from wirecut.console.runner import (
     OutputBuffer,
     WorkerPool,
 )
+from wirecut.console.runner._core import _uninterrupted
 
 # -- the lifecycle table ---------------------------------------------------------------
 
@@ -195,3 +197,21 @@ def test_output_of_one_stream_is_coalesced_in_order() -> None:
         ("stderr", "warn"),
         ("token", "end"),
     ]
+
+
+# -- a burst of cuts -----------------------------------------------------------------------
+
+
+def test_a_burst_of_cuts_keeps_the_gil_and_gives_the_switch_interval_back() -> None:
+    before = sys.getswitchinterval()
+    seen: list[float] = []
+
+    def burst() -> None:
+        with _uninterrupted():
+            seen.append(sys.getswitchinterval())
+            raise RuntimeError("in the burst")
+
+    with pytest.raises(RuntimeError, match="in the burst"):
+        burst()
+    assert seen[0] >= 0.25  # no woken thread forces a switch meanwhile
+    assert sys.getswitchinterval() == before

@@ -29,13 +29,14 @@ from wirecut.scope import (
     ScopedPopen,
     ScopeState,
     TimelineEvent,
+    _cuttables,
     bind_scope,
     current_scope,
     cut_socket,
     kill_process_group,
 )
 from wirecut.scope._process import group_members, parse_stat, proc_stat, wait_exited
-from wirecut.scope._timers import SYSTEM_CLOCK
+from wirecut.scope._timers import SYSTEM_CLOCK, SystemClock
 
 BOUND = 5.0  # seconds: generous bound for "promptly" on a shared, noisy machine
 HUGE = 1e10  # seconds: above threading.TIMEOUT_MAX, which no wait may exceed
@@ -220,6 +221,21 @@ def test_the_timer_thread_survives_a_callback_that_raises(
     assert "raised by a timer callback" in caplog.text
 
 
+def test_an_earlier_deadline_wakes_the_timer_thread_and_a_later_one_waits_its_turn() -> None:
+    clock = SystemClock()  # a clock of its own: nothing else is queued on it
+    order: list[str] = []
+    done = threading.Event()
+    far = clock.call_later(3600, lambda: order.append("far"))
+    warm = threading.Event()
+    clock.call_later(0, warm.set)
+    assert warm.wait(BOUND)  # the thread ran: it now sleeps until the far deadline
+    clock.call_later(0.01, lambda: order.append("near"))  # earlier: must wake the thread
+    clock.call_later(0.02, lambda: (order.append("later"), done.set()))  # later: no wake
+    assert done.wait(BOUND)
+    assert order == ["near", "later"]
+    far.cancel()
+
+
 def test_a_timeout_whose_cut_raises_still_cancels_everything(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -370,7 +386,17 @@ def test_with_scope_left_in_another_thread_is_a_clear_error() -> None:
 # -- sockets ------------------------------------------------------------------------
 
 
-def test_cut_socket_wakes_blocked_recv_and_peer_sees_eof() -> None:
+@pytest.fixture(params=["gil-held", "socket-method"])
+def shutdown_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways ``cut_socket`` can shut a socket: libc's shutdown(2) holding the GIL, or not."""
+    if request.param == "socket-method":
+        monkeypatch.setattr(_cuttables, "_shutdown", None)
+    else:
+        assert _cuttables._shutdown is not None  # libc's shutdown loads on this platform
+    return str(request.param)
+
+
+def test_cut_socket_wakes_blocked_recv_and_peer_sees_eof(shutdown_path: str) -> None:
     scope = InterruptScope()
     started = threading.Event()
     with socket_pair() as (a, b):
@@ -390,7 +416,7 @@ def test_cut_socket_wakes_blocked_recv_and_peer_sees_eof() -> None:
     assert scope.wait_quiescent(BOUND)
 
 
-def test_cut_socket_says_whether_it_shut_a_socket() -> None:
+def test_cut_socket_says_whether_it_shut_a_socket(shutdown_path: str) -> None:
     with socket_pair() as (a, b):
         assert cut_socket(a) is True
         b.settimeout(BOUND)
@@ -1048,6 +1074,59 @@ def test_escalation_stops_a_pure_python_loop() -> None:
         future.result(BOUND)
     assert scope.wait_quiescent(BOUND)
     assert events(scope) == ["cancel_requested", "escalated"]
+
+
+def test_escalation_passes_a_commit_section_by_and_the_scope_is_committed() -> None:
+    clock = MockClock()
+    parent = InterruptScope(clock=clock)
+    scope = parent.child("turn")
+    inside = threading.Event()
+    release = threading.Event()
+
+    def commit() -> str:
+        with scope.committing():
+            inside.set()
+            while not release.is_set():  # pure Python: an escalation would land here
+                pass
+        return "committed"
+
+    future = scope.spawn(commit)
+    assert inside.wait(BOUND)
+    parent.cancel("user", escalate_after=0.5)
+    clock.jump(0.5)  # the escalation is due while the section runs
+    release.set()
+    assert future.result(BOUND) == "committed"
+    assert scope.committed
+    assert parent.committed  # the effect is the whole command's
+    assert parent.cancelled  # the cancel was recorded all the same
+    assert "escalated" not in events(parent)
+
+
+def test_a_commit_section_of_a_cancelled_scope_raises_without_running() -> None:
+    scope = InterruptScope()
+    scope.cancel("user")
+    ran: list[int] = []
+    with pytest.raises(Interrupted), scope.committing():
+        ran.append(1)
+    assert ran == []
+    assert not scope.committed
+
+
+def test_a_commit_section_that_fails_commits_nothing() -> None:
+    scope = InterruptScope()
+    with pytest.raises(ValueError, match="disk full"), scope.committing():
+        raise ValueError("disk full")
+    assert not scope.committed
+    with scope.committing():
+        pass
+    assert scope.committed
+
+
+def test_committing_with_no_scope_bound_just_runs_the_block() -> None:
+    ran: list[int] = []
+    with ws.committing():
+        ran.append(1)
+    assert ran == [1]
 
 
 def test_escalation_on_the_system_clock() -> None:

@@ -360,6 +360,81 @@ def test_a_failure_after_taking_a_slot_still_ends_the_request(
     assert client.post(url, json={"messages": HELLO}).status_code == 200
 
 
+# -- prompt processing in batches --------------------------------------------
+
+#: 40 batches of 100 tokens, 0.1 s each: a prompt of about 4 s.
+BATCHED: dict[str, Any] = {"prompt_tokens_per_second": 1000.0, "prompt_batch": 100}
+LONG_PROMPT = [{"role": "user", "content": " ".join(["word"] * 4000)}]
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "non_stream"])
+def test_a_close_during_batched_prompt_processing_is_noticed_only_between_batches(
+    make_sim: Callable[..., SimulatorServer], client: httpx.Client, stream: bool
+) -> None:
+    sim = make_sim(**BATCHED)
+    sock = raw_request(sim, {"messages": LONG_PROMPT, "stream": stream})
+    with sock:
+        request_id = request_id_of(sim, sock)
+        first = sim.wait_for(of(EventKind.PROMPT_BATCH, request_id), timeout=5)
+        slot = client.get(sim.url + "/slots").json()[0]
+        sock.shutdown(socket.SHUT_RDWR)
+        closed = sim.wait_for(of(EventKind.PEER_CLOSED, request_id), timeout=5)
+        freed = sim.wait_for(of(EventKind.SLOT_FREED, request_id), timeout=5)
+    assert first.detail == {"slot": 0, "n_prompt": 100, "of": 4000}
+    # While it processes the prompt, /slots says so under llama.cpp's names.
+    assert slot["is_processing"] is True
+    assert slot["n_decoded"] == 0
+    assert slot["n_prompt_tokens"] == 4000
+    assert 100 <= slot["n_prompt_tokens_processed"] < 4000
+    assert closed.detail["where"] == "prompt"
+    assert closed.detail["n_decoded"] == 0
+    batches = [ev for ev in sim.events() if of(EventKind.PROMPT_BATCH, request_id)(ev)]
+    # The batch under way when the client left was finished, and no other began.
+    seen_at = closed.detail["t_disconnect"]
+    assert isinstance(seen_at, float)
+    assert len([ev for ev in batches if ev.t >= seen_at]) == 1
+    assert batches[-1].seq < closed.seq < freed.seq
+    assert batches[-1].detail["n_prompt"] < 4000
+    assert not any(ev.kind == EventKind.FIRST_TOKEN for ev in sim.events())
+    assert summary(sim, request_id).state is RequestState.PEER_CLOSED
+    assert sim.slots()[0]["is_processing"] is False
+
+
+def test_a_batched_prompt_that_is_not_cut_is_processed_whole_then_decoded(
+    make_sim: Callable[..., SimulatorServer], client: httpx.Client
+) -> None:
+    sim = make_sim(prompt_tokens_per_second=20000.0, prompt_batch=512)
+    body = {"messages": [{"role": "user", "content": " ".join(["word"] * 1200)}]}
+    reply = client.post(sim.base_url + "/chat/completions", json=body).json()
+    assert reply["usage"]["prompt_tokens"] == 1200
+    kinds = [ev.kind for ev in sim.events() if ev.kind != "token"]
+    assert kinds == [
+        "request_received",
+        "slot_acquired",
+        "prompt_batch",
+        "prompt_batch",
+        "prompt_batch",
+        "first_token",
+        "request_finished",
+        "slot_freed",
+    ]
+    sizes = [ev.detail["n_prompt"] for ev in sim.events() if ev.kind == "prompt_batch"]
+    assert sizes == [512, 1024, 1200]
+    slot = sim.slots()[0]
+    assert (slot["n_prompt_tokens"], slot["n_prompt_tokens_processed"]) == (1200, 1200)
+
+
+def test_stop_ends_a_batched_prompt_at_once(make_sim: Callable[..., SimulatorServer]) -> None:
+    sim = make_sim(prompt_tokens_per_second=10.0, prompt_batch=4096)
+    sock = raw_request(sim, {"messages": LONG_PROMPT, "stream": True})
+    with sock:
+        request_id = request_id_of(sim, sock)
+        sim.wait_for(of(EventKind.SLOT_ACQUIRED, request_id), timeout=5)
+        sim.stop()  # A prompt of 400 s: only the stop can end it before the test's timeout.
+        finished = sim.wait_for(of(EventKind.REQUEST_FINISHED, request_id), timeout=0)
+    assert finished.detail["reason"] == "shutdown"
+
+
 # -- slots and queue ----------------------------------------------------------
 
 
@@ -662,6 +737,9 @@ def test_server_that_cannot_listen_says_so(make_sim: Callable[..., SimulatorServ
         {"tokens_per_second": 0},
         {"tokens_per_second": float("nan")},
         {"prompt_ms": -1},
+        {"prompt_tokens_per_second": 0},
+        {"prompt_tokens_per_second": float("inf")},
+        {"prompt_batch": 0},
         {"reply_tokens": -1},
         {"slots": True},
     ],
@@ -691,6 +769,8 @@ def test_provider_help_lists_the_protocol_flags() -> None:
         assert flag in result.output
     assert "--reply-tokens" in result.output
     assert "--endless" in result.output
+    assert "--prompt-tokens-per-second" in result.output
+    assert "--prompt-batch" in result.output
 
 
 @pytest.mark.parametrize(
@@ -699,6 +779,9 @@ def test_provider_help_lists_the_protocol_flags() -> None:
         ["--tokens-per-second", "-1"],
         ["--tokens-per-second", "nan"],
         ["--prompt-ms", "-5"],
+        ["--prompt-tokens-per-second", "0"],
+        ["--prompt-tokens-per-second", "nan"],
+        ["--prompt-batch", "0"],
         ["--slots", "0"],
         ["--reply-tokens", "-1"],
         ["--port", "70000"],

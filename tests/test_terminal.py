@@ -11,6 +11,7 @@ command runs and the terminal is back in cooked mode, where ^C is SIGINT.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -18,8 +19,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +30,23 @@ import pexpect
 import pytest
 from prompt_toolkit.completion import CompleteEvent
 from prompt_toolkit.document import Document
-from tests._console import Console, running_console
+from rich.console import Console as RichConsole
+from tests._console import Console, gate_command, running_console, wait_health
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+from websockets.sync.server import ServerConnection, serve
 
+from wirecut.console.commands import builtin_commands
 from wirecut.console.terminal import (
     EXIT_CANCELLED,
     EXIT_TIMEOUT,
     AddressError,
+    Renderer,
     describe_complete,
     exit_code,
     from_url,
     timeline_chart,
+    visible,
 )
 from wirecut.console.terminal._repl import CommandNames
 from wirecut.memory import NoteStore
@@ -149,6 +158,13 @@ def health(console: Console) -> dict[str, Any]:
     return result
 
 
+def _record(child: pexpect.spawn) -> io.StringIO:
+    """Everything ``child`` writes to its terminal from now on, as it was written."""
+    seen = io.StringIO()
+    child.logfile_read = seen
+    return seen
+
+
 def finish(child: pexpect.spawn) -> int:
     """Wait (bounded) for ``child`` to end; its exit status."""
     child.expect(pexpect.EOF)
@@ -185,10 +201,18 @@ def test_repl_runs_commands_shows_their_output_and_keeps_history(
 def test_tab_completes_command_names(console: Console, spawn: Spawner) -> None:
     child = spawn(console.server.url + f"?token={console.server.token}")
     child.expect(PROMPT)
-    child.send("cur\t")
-    child.expect("curator")
-    child.send(" st\t")
-    child.expect("status")
+    # Each key only after the echo of the ones before: prompt_toolkit redraws
+    # only what changed, so "cur" then Tab shows as "cur" + "ator" when the
+    # two reads are apart and as "curator" when they come in one read.
+    child.send("cur")
+    child.expect("cur")
+    child.send("\t")
+    child.expect("ator")
+    child.send(" st")
+    child.expect("st")
+    child.send("\t")
+    child.expect("atus")
+    # What the line became is what ran: "cur st" would be an unknown command.
     child.send("\r")
     child.expect(words("active:", r"\d+"))
     child.expect(PROMPT)
@@ -220,6 +244,89 @@ def test_ctrl_c_cancels_a_running_sleep_and_the_server_frees_its_worker(
     child.expect(PROMPT)
     child.sendintr()
     assert finish(child) == 0
+
+
+@pytest.mark.parametrize("typed", ["in-one-write", "right-after", "no-cursor-report"])
+def test_ctrl_c_pressed_right_after_enter_cancels(
+    console: Console, spawn: Spawner, client_env: dict[str, str], typed: str
+) -> None:
+    """No wait for anything between the Enter and the Ctrl+C: the key is never lost.
+
+    "no-cursor-report": a terminal that does not answer prompt_toolkit's cursor
+    position request (as pexpect does not), so after the Enter the prompt waits
+    up to a second for the answer, reading keys meanwhile; a Ctrl+C then was
+    kept as typeahead for the next prompt and the command ran on.
+    """
+    env = dict(client_env)
+    if typed == "no-cursor-report":
+        del env["PROMPT_TOOLKIT_NO_CPR"]
+    child = spawn(console.server.url + f"?token={console.server.token}", env=env)
+    child.delaybeforesend = None  # pexpect waits 50 ms before each send by default
+    seen = _record(child)
+    child.expect(PROMPT)
+    if typed == "in-one-write":
+        child.send("sleep 30\r\x03")  # read by the prompt together with the Enter
+    else:
+        child.send("sleep 30\r")
+        child.sendintr()
+    child.expect(words("cancelled"))
+    child.expect(words("worker", "exited"))
+    child.expect(PROMPT)
+    report = wait_health(console.server, lambda h: h["workers"]["busy"] == 0)
+    assert report["workers"] == {**report["workers"], "busy": 0, "queued": 0, "leaked": 0}
+    # The Ctrl+C went to the command, not to the next prompt (as a "leave?" press).
+    child.sendline("jobs")
+    child.expect(words("ok", "·"))
+    child.expect(PROMPT)
+    assert "Ctrl+C again" not in seen.getvalue()
+    child.sendeof()
+    assert finish(child) == 0
+
+
+def test_ctrl_c_cancels_a_line_queued_behind_busy_workers(tmp_path: Path, spawn: Spawner) -> None:
+    with running_console(server_dir(tmp_path), workers=1) as console:
+        with console.client() as other:
+            busy = other.run("sleep 30")
+            other.wait_for(lambda f: f["type"] == "started" and f["id"] == busy)
+            child = spawn(console.server.url + f"?token={console.server.token}")
+            child.expect(PROMPT)
+            child.sendline("sleep 30")
+            child.expect(words("queued:", "every", "worker", "is", "busy"))
+            child.sendintr()
+            child.expect(words("cancelled", "while", "queued", "·", "never", "started"))
+            child.expect(PROMPT)
+            report = wait_health(console.server, lambda h: h["workers"]["queued"] == 0)
+            # The queued line never ran; the other connection's command still does.
+            assert (report["workers"]["queued"], report["workers"]["busy"]) == (0, 1)
+            assert other.of(busy)[-1]["type"] == "started"
+            other.cancel(busy)
+            assert other.complete(busy)["status"] == "cancelled"
+        child.sendeof()
+        assert finish(child) == 0
+
+
+def test_a_third_ctrl_c_during_a_slow_unwind_leaves_at_once_with_130(
+    tmp_path: Path, spawn: Spawner
+) -> None:
+    # Pure Python without a cooperative point: only the escalation, 8 s after
+    # the cancel, ends it, so its report comes long after the third Ctrl+C.
+    with running_console(server_dir(tmp_path), unwind_timeout=30, escalate_after=8.0) as console:
+        child = spawn(console.server.url + f"?token={console.server.token}")
+        seen = _record(child)
+        child.expect(PROMPT)
+        child.sendline("probe python-loop")
+        child.expect(words("only", "the", "escalation"))  # it runs, and the key watch is on
+        child.sendintr()
+        child.expect("cancelling…")
+        child.sendintr()
+        child.expect(words("cancel", "sent;", "waiting"))
+        child.sendintr()
+        child.expect(words("left", "without", "the", "server's", "report"))
+        assert finish(child) == EXIT_CANCELLED
+        # It did not wait for the report: none was shown.
+        assert "worker exited" not in seen.getvalue()
+        report = wait_health(console.server, lambda h: h["workers"]["busy"] == 0, timeout=60)
+        assert report["workers"]["busy"] == 0
 
 
 def test_ctrl_c_cancels_a_streaming_chat_and_reports_its_tokens(
@@ -273,6 +380,118 @@ def test_confirm_no_cancels_and_changes_nothing_yes_writes(
     assert [note.state.value for note in store.notes()] == ["stale"]
     child.sendeof()
     assert finish(child) == 0
+
+
+# -- what the server sends reaches the terminal only as visible text ---------------------
+
+#: An OSC 52 clipboard write, a window-title change and a screen clear.
+HOSTILE = ["\x1b]52;c;cHduZWQ=\x07", "\x1b]0;owned\x07", "\x1b[2J\x1b[H"]
+#: The same as a terminal shows them after ``visible``: ESC as ␛, BEL as ␇.
+SHOWN = ["␛]52;c;cHduZWQ=␇", "␛]0;owned␇", "␛[2J␛[H"]
+
+
+def _hostile_reply(body: dict[str, Any]) -> dict[str, Any]:
+    return {"content": "look " + " ".join(HOSTILE) + " done"}
+
+
+def test_control_sequences_from_the_server_are_shown_never_obeyed(
+    tmp_path: Path, spawn: Spawner, client_env: dict[str, str]
+) -> None:
+    with running_console(server_dir(tmp_path), responder=_hostile_reply) as console:
+        url = console.server.url + f"?token={console.server.token}"
+        title = "clip" + HOSTILE[0] + "title" + HOSTILE[1] + "clear" + HOSTILE[2] + "end"
+        # Added through the console (a script's -c on pipes)...
+        added = run_c(url, f"memory add {title} -- body {HOSTILE[1]}", client_env)
+        assert (added.returncode, added.stderr) == (0, "")
+        # ...and, for a script, listed byte-true: a pipe is not a terminal.
+        listed = run_c(url, "memory list", client_env)
+        assert title in listed.stdout
+
+        child = spawn(url)
+        seen = _record(child)
+        child.expect(PROMPT)
+        child.sendline("memory list")
+        child.expect(re.escape("clip" + SHOWN[0] + "title" + SHOWN[1] + "clear" + SHOWN[2] + "end"))
+        child.expect(PROMPT)
+        child.sendline("memory show 1")
+        child.expect(re.escape("body " + SHOWN[1]))
+        child.expect(PROMPT)
+        child.sendline("chat hello")  # a reply whose tokens hold the sequences
+        child.expect(re.escape(SHOWN[2]) + r".*done")
+        child.expect(PROMPT)
+        child.sendeof()
+        assert finish(child) == 0
+        on_screen = seen.getvalue()
+        for raw in (*HOSTILE, "\x1b]", "\x07"):
+            assert raw not in on_screen
+
+        # -c on a terminal is shown to a person too: made visible as well.
+        one = spawn(url, "-c", "memory list")
+        one_seen = _record(one)
+        one.expect(re.escape(SHOWN[0]))
+        assert finish(one) == 0
+        assert "\x1b]" not in one_seen.getvalue()
+
+
+def test_visible_keeps_newline_and_tab_and_shows_every_other_control() -> None:
+    text = "a\tb\nc\x1b[31md\x07\x00\x7f\x9b2J\r"
+    assert visible(text) == "a\tb\nc␛[31md␇␀␡\ufffd2J␍"
+    controls = [chr(c) for c in (*range(0x20), *range(0x7F, 0xA0)) if c not in (9, 10)]
+    assert not any(c in visible("".join(controls)) for c in controls)
+    assert len(visible("".join(controls))) == len(controls)  # one for one: styles stay put
+
+
+def test_an_error_or_warning_from_the_server_is_made_visible() -> None:
+    out = io.StringIO()
+    err = io.StringIO()
+    renderer = Renderer(
+        RichConsole(file=out, force_terminal=True, no_color=True),
+        RichConsole(file=err, force_terminal=True, no_color=True),
+        verbose=True,
+    )
+    renderer.complete({"status": "error", "error": "bad " + HOSTILE[1]}, None)
+    renderer.warn("server: " + HOSTILE[0])
+    renderer.question("curator run will:\n  archive " + HOSTILE[2])
+    renderer.output("token", "tok " + HOSTILE[0])
+    written = out.getvalue() + err.getvalue()
+    assert all(shown in written for shown in SHOWN)
+    assert "\x1b]" not in written
+    assert "\x1b[2J" not in written
+
+
+def _two_umbrellas(body: dict[str, Any]) -> dict[str, Any]:
+    plan = {
+        "umbrellas": [
+            {"title": "Trips", "summary": "Both trips.", "note_ids": [1, 2]},
+            {"title": "Food", "summary": "Both recipes.", "note_ids": [3, 4]},
+        ]
+    }
+    return {"content": json.dumps(plan)}
+
+
+def test_a_multi_line_confirmation_is_printed_as_it_is_then_asked(
+    tmp_path: Path, spawn: Spawner
+) -> None:
+    with running_console(server_dir(tmp_path), responder=_two_umbrellas) as console:
+        store = NoteStore.in_data_dir(console.data_dir)
+        for title in ("Lyon", "Paris", "Bread", "Soup"):
+            store.add(title, "body")
+        child = spawn(console.server.url + f"?token={console.server.token}")
+        child.expect(PROMPT)
+        child.sendline("curator run --consolidate")
+        # Each line of the message on a line of its own, its indentation kept,
+        # and the y/N question only under the last one.
+        child.expect(r"curator run will:\r\n")
+        child.expect(r"^  merge #1 'Lyon', #2 'Paris' into a new note 'Trips'\r\n")
+        child.expect(r"^  merge #3 'Bread', #4 'Soup' into a new note 'Food'\r\n")
+        child.expect(r"go ahead\?" + _ANSI + r" \[y/N\]")
+        assert "merge" not in (child.before or "")
+        child.sendline("y")
+        child.expect("done:")
+        child.expect(PROMPT)
+        assert sum(note.state.value == "archived" for note in store.notes()) == 4
+        child.sendeof()
+        assert finish(child) == 0
 
 
 # -- -c: one line, for scripts -------------------------------------------------------------
@@ -367,6 +586,154 @@ def test_a_question_left_unanswered_ends_with_the_commands_timeout(
         assert finish(child) == 0
 
 
+# -- a cancel that crosses its command's complete ------------------------------------------
+
+Frame = dict[str, Any]
+
+
+class LateCancelRelay:
+    """A WebSocket relay between one client and a console that makes cancels come late.
+
+    Frames pass as they are, in order, except a client's ``cancel`` for an id
+    whose ``complete`` has not passed yet: it waits at the relay and goes on
+    right after that ``complete``, as if it had crossed it on the wire (what a
+    slow uplink does to a Ctrl+C pressed as a command ends). ``inject`` sends a
+    frame of the test's to the console as the client's. Every frame the
+    console sends is kept for ``wait_down``. Threads: one per direction.
+    """
+
+    def __init__(self, upstream_url: str) -> None:
+        self.upstream_url = upstream_url
+        self._cond = threading.Condition()  # guards everything below; wakes the waits
+        self._upstream: ClientConnection | None = None
+        self._held: dict[str, str] = {}  # id -> its cancel, not yet sent
+        self._completed: set[str] = set()
+        self.down: list[Frame] = []
+        self._server = serve(self._relay, "127.0.0.1", 0, max_size=None)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self._server.socket.getsockname()[1]}/api/console"
+
+    def _relay(self, client: ServerConnection) -> None:
+        with connect(self.upstream_url, max_size=None) as upstream:
+            with self._cond:
+                self._upstream = upstream
+            back = threading.Thread(target=self._down, args=(upstream, client), daemon=True)
+            back.start()
+            try:
+                for message in client:
+                    frame = json.loads(message)
+                    with self._cond:
+                        id = frame.get("id")
+                        if frame.get("type") == "cancel" and id not in self._completed:
+                            self._held[id] = str(message)
+                            continue
+                        upstream.send(message)
+            except ConnectionClosed:
+                pass
+        back.join(BOUND)
+
+    def _down(self, upstream: ClientConnection, client: ServerConnection) -> None:
+        try:
+            for message in upstream:
+                frame = json.loads(message)
+                client.send(message)
+                with self._cond:
+                    self.down.append(frame)
+                    if frame.get("type") == "complete":
+                        self._completed.add(frame["id"])
+                        late = self._held.pop(frame["id"], None)
+                        if late is not None:
+                            upstream.send(late)
+                    self._cond.notify_all()
+        except ConnectionClosed:
+            pass
+        client.close()
+
+    def inject(self, frame: Frame) -> None:
+        with self._cond:
+            assert self._upstream is not None, "no client is connected"
+            self._upstream.send(json.dumps(frame))
+
+    def wait_down(self, match: Callable[[Frame], bool]) -> Frame:
+        """The first frame the console sent that ``match``es (bounded)."""
+        with self._cond:
+            found = self._cond.wait_for(lambda: next(filter(match, self.down), None), BOUND)
+        assert found is not None, f"the console sent no such frame: {self.down[-5:]}"
+        return found
+
+    def __enter__(self) -> LateCancelRelay:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._server.shutdown()
+        self._thread.join(BOUND)
+
+
+def test_a_ctrl_c_that_crosses_its_commands_end_shows_nothing_other_errors_show(
+    tmp_path: Path, spawn: Spawner
+) -> None:
+    """The server answers a cancel that came after the complete with an error naming the id
+    in "ref": the user pressed Ctrl+C as the command ended, which is not news."""
+    opened = threading.Event()
+    commands = builtin_commands().plus(gate_command(opened))
+    with (
+        running_console(server_dir(tmp_path), commands=commands) as console,
+        LateCancelRelay(console.server.ws_url) as relay,
+    ):
+        child = spawn(relay.url + f"?token={console.server.token}")
+        seen = _record(child)
+        child.expect(PROMPT)
+        child.sendline("test-gate")
+        child.expect(words(r"Ctrl\+C", "cancels"))
+        child.sendintr()
+        child.expect("cancelling…")  # the cancel is sent: the relay holds it
+        opened.set()  # so the command ends on its own, and its complete goes out first
+        child.expect(words("ok", "·"))
+        child.expect(PROMPT)
+        crossed = relay.wait_down(lambda f: f["type"] == "error")
+        assert (crossed["id"], crossed["ref"]) == (None, "c1")
+        # The console answers frames in order and the client shows them in
+        # order: once the next line's end is on the screen, the error came before.
+        child.sendline("jobs")
+        child.expect(words("ok", "·"))
+        child.expect(PROMPT)
+        assert "no live command" not in seen.getvalue()
+        assert "server:" not in seen.getvalue()
+
+        # An error about an id that is not one of this client's is still shown.
+        relay.inject({"type": "cancel", "id": "zz"})
+        child.expect(words("server:", "no", "live", "command", "with", "id", "'zz'"))
+        child.sendeof()
+        assert finish(child) == 0
+
+
+def test_a_close_reason_from_the_server_is_shown_never_obeyed(client_env: dict[str, str]) -> None:
+    """A server that closes with a reason holding escape sequences: one visible error line."""
+    reason = "bye " + "".join(HOSTILE) + "\nnext"
+
+    def close_with_reason(ws: ServerConnection) -> None:
+        ws.send(json.dumps({"type": "ready", "version": "0", "prompt": "wirecut> "}))
+        ws.recv(BOUND)  # the run frame
+        ws.close(4000, reason)
+
+    with serve(close_with_reason, "127.0.0.1", 0) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        port = server.socket.getsockname()[1]
+        result = run_c(f"ws://127.0.0.1:{port}/api/console?token=t", "sleep 1", client_env)
+        server.shutdown()
+        thread.join(BOUND)
+    assert result.returncode == 1
+    line = one_line(result.stderr)
+    assert "closed the connection (code 4000: bye " + "".join(SHOWN) + "␊next)" in line
+    assert "\x1b" not in result.stderr
+    assert "\x07" not in result.stderr
+
+
 # -- finding the console, and failing clearly ----------------------------------------------
 
 
@@ -405,6 +772,7 @@ def test_without_a_url_it_reads_serve_json(
     data = tmp_path / "data"
     data.mkdir()
     info = {"url": console.server.url, "token": console.server.token, "pid": os.getpid()}
+    info["instance"] = console.server.instance  # what /api/proof proves it holds the token for
     (data / "serve.json").write_text(json.dumps(info))
     result = run_c("", "memory add From -- serve.json", client_env, "--data-dir", str(data))
     assert (result.returncode, result.stdout, result.stderr) == (0, "added note #1\n", "")
@@ -505,6 +873,22 @@ def test_a_worker_that_did_not_exit_is_reported_as_such() -> None:
     ]
     queued = {"status": "cancelled", "lifecycle": {"worker_exited": True, "started": False}}
     assert describe_complete(queued).plain.startswith("cancelled while queued · never started")
+
+
+@pytest.mark.parametrize("verbose", [True, False])
+def test_a_cancel_that_came_too_late_is_said_even_when_quiet(verbose: bool) -> None:
+    out = io.StringIO()
+    err = io.StringIO()
+    renderer = Renderer(
+        RichConsole(file=out, force_terminal=True, no_color=True),
+        RichConsole(file=err, force_terminal=True, no_color=True),
+        verbose=verbose,
+    )
+    renderer.complete({"status": "ok", "reason": None, "late_cancel": "user"}, 3.0)
+    assert "too late: the command had already finished" in err.getvalue()
+    renderer.complete({"status": "ok", "reason": None, "late_cancel": None}, None)
+    assert err.getvalue().count("too late") == 1
+    assert exit_code("ok") == 0  # the exit code follows the status, not the cancel
 
 
 def test_exit_codes_follow_the_status() -> None:

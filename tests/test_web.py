@@ -13,7 +13,9 @@ reply far longer than any test waits for, to be cancelled.
 
 from __future__ import annotations
 
+import json
 import re
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -22,7 +24,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
-from _console import Console, running_console
+from _console import Console, gate_command, running_console, wait_health
+from wirecut.console.commands import builtin_commands
 from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
 from wirecut.memory import NoteState, NoteStore
 from wirecut.simulator import SimConfig
@@ -69,11 +72,17 @@ LONG_REPLY = _ANSWER * 60
 SLOT_REPLY = _SLOT_ANSWER * 70
 
 
+#: What a small base model may stream: a few words lost in a sea of whitespace.
+BLANK_REPLY = "Hello\n\n\n\n\n\n   \n\t\n\n\n\nthere" + " " * 300 + "world\n" + "\n" * 400
+
+
 def _responder(body: dict[str, Any]) -> Mapping[str, Any] | None:
     """A long scripted reply for a chat that asks for "long"; the usual words otherwise."""
     for message in reversed(body.get("messages") or []):
         if isinstance(message, dict) and message.get("role") == "user":
             content = message.get("content")
+            if isinstance(content, str) and "blank" in content:
+                return {"content": BLANK_REPLY}
             if not isinstance(content, str) or "long" not in content:
                 return None
             return {"content": SLOT_REPLY if "slot" in content else LONG_REPLY}
@@ -452,3 +461,296 @@ def test_screenshot_for_the_readme(page: Page, console: Console) -> None:
     assert SCREENSHOT.stat().st_size > 10_000
     page.locator("#cancel-all").click()
     expect(page.locator("#jobs li")).to_have_count(0)
+
+
+def enter_then_escape(page: Page, line: str) -> None:
+    """Enter and Esc in one task of the page: no frame of the server can come between."""
+    page.evaluate(
+        """(line) => {
+            const prompt = document.getElementById("prompt");
+            prompt.value = line;
+            prompt.form.requestSubmit();
+            prompt.dispatchEvent(new KeyboardEvent("keydown", { key: "Escape", bubbles: true }));
+        }""",
+        line,
+    )
+
+
+@pytest.mark.parametrize("keys", ["pressed", "same-task"])
+def test_escape_right_after_enter_cancels_the_command(
+    page: Page, console: Console, keys: str
+) -> None:
+    """No wait between the Enter and the Esc: not for the block, not for any frame."""
+    open_console(page, console)
+    prompt = page.locator("#prompt")
+    if keys == "pressed":
+        prompt.fill("sleep 30")
+        prompt.press("Enter")
+        prompt.press("Escape")
+    else:
+        enter_then_escape(page, "sleep 30")
+    block = page.locator("article.cmd").last
+    expect(block.locator(".cmd-text")).to_have_text("sleep 30")
+    expect_state(block, "cancelled")
+    # Cut at once, or before a worker even took it: either way nothing is left open.
+    expect(block.locator(".facts")).to_have_text(
+        re.compile(
+            r"^cancelled (in [\d.]+ m?s · worker exited|while queued · never started)"
+            r" · 0 requests open · 0 tokens$"
+        )
+    )
+    report = wait_health(console.server, lambda h: h["workers"]["busy"] == 0)
+    assert (report["workers"]["busy"], report["workers"]["queued"]) == (0, 0)
+
+
+def test_escape_before_any_answer_cancels_the_queued_line(page: Page, tmp_path: Path) -> None:
+    """One worker, busy: the line waits in the queue, and Esc right after Enter cancels it."""
+    with running_console(tmp_path, sim=SIM, workers=1) as one:
+        open_console(page, one)
+        busy = run(page, "sleep 30")
+        expect_state(busy, "running")
+        enter_then_escape(page, "sleep 31")  # before its accepted (queued: true) came
+        queued = page.locator("article.cmd").last
+        expect_state(queued, "cancelled")
+        expect(queued.locator(".facts")).to_have_text(
+            re.compile(r"^cancelled while queued · never started · ")
+        )
+        expect(busy).to_have_attribute("data-state", "running")
+        report = wait_health(one.server, lambda h: h["workers"]["queued"] == 0)
+        assert (report["workers"]["busy"], report["workers"]["queued"]) == (1, 0)
+        page.locator("#cancel-all").click()
+        expect_state(busy, "cancelled")
+
+
+def test_streamed_whitespace_never_fills_the_screen(page: Page, console: Console) -> None:
+    open_console(page, console)
+    block = run(page, "chat blank lines please")
+    expect_state(block, "ok")
+    shown = "".join(block.locator(".out-token").all_text_contents())
+    assert shown.split() == ["Hello", "there", "world"]
+    assert "\n\n\n" not in shown  # a run of blank lines shows as one
+    assert not shown.startswith("\n")
+    assert " " * 17 not in shown  # and a run of spaces is cut
+    # On screen: a few lines, not a screen of nothing.
+    height = block.locator(".cmd-out").evaluate("e => e.getBoundingClientRect().height")
+    line = block.locator(".cmd-out").evaluate("e => parseFloat(getComputedStyle(e).lineHeight)")
+    assert height <= 6 * line
+
+
+def test_an_error_is_shown_once_in_its_block(page: Page, console: Console) -> None:
+    open_console(page, console)
+    block = run(page, "frobnicate now")
+    expect_state(block, "error")
+    expect(block.locator(".cmd-error")).to_have_count(1)
+    # An error frame for a live command and then its complete with the same
+    # message (the page's own block, driven by the frames it would get).
+    boxes = page.evaluate(
+        """async () => {
+            const { CommandBlock } = await import("./static/js/block.js");
+            const b = new CommandBlock("x1", "probe", { onCancel() {}, label: (e) => e });
+            b.fire("accepted");
+            b.addError("the provider failed");
+            b.finish({ status: "error", error: "the provider failed", elapsed_ms: 1 });
+            const printed = new CommandBlock("x2", "probe", { onCancel() {}, label: (e) => e });
+            printed.fire("accepted");
+            printed.append("stderr", "the provider failed\\n");
+            printed.finish({ status: "error", error: "the provider failed", elapsed_ms: 1 });
+            return [b, printed].map((x) => x.el.root.querySelectorAll(".cmd-error").length);
+        }"""
+    )
+    assert boxes == [1, 0]
+
+
+def test_an_ok_block_says_when_its_cancel_came_too_late(page: Page, console: Console) -> None:
+    open_console(page, console)
+    texts = page.evaluate(
+        """async () => {
+            const { CommandBlock } = await import("./static/js/block.js");
+            const make = (id, late) => {
+                const hooks = { onCancel() {}, label: (e) => e };
+                const b = new CommandBlock(id, "memory add a -- b", hooks);
+                b.fire("accepted");
+                b.finish({ status: "ok", reason: null, late_cancel: late, elapsed_ms: 2 });
+                const line = b.el.root.querySelector(".late-cancel");
+                return [b.el.badge.dataset.state, line ? line.textContent : null];
+            };
+            return [make("y1", "user"), make("y2", null)];
+        }"""
+    )
+    assert texts[0][0] == texts[1][0] == "ok"  # the badge follows the status
+    assert "came too late" in texts[0][1]
+    assert texts[1][1] is None
+
+
+def test_an_unknown_transition_is_an_error_naming_state_and_event(
+    page: Page, console: Console
+) -> None:
+    open_console(page, console)
+    found = page.evaluate(
+        """async () => {
+            const m = await import("./static/js/lifecycle.js");
+            const tried = [];
+            for (const [state, event] of [["ok", "started"], ["sending", "confirmed"]]) {
+                try {
+                    m.transition("c7", state, event);
+                    tried.push("allowed");
+                } catch (error) {
+                    tried.push(`${error.name}: ${error.message}`);
+                }
+            }
+            // Every live state ends with each status and with a dropped connection.
+            const endings = ["complete_ok", "complete_error", "complete_cancelled",
+                "complete_timeout", "disconnected"];
+            const missing = [...m.LIVE_STATES].flatMap((state) => endings
+                .filter((event) => !m.TRANSITIONS.get(state).has(event))
+                .map((event) => `${state}+${event}`));
+            return { tried, missing, unknownStatus: m.completeEvent("exploded") };
+        }"""
+    )
+    assert found["tried"] == [
+        'LifecycleError: command "c7": event "started" is not allowed in state "ok"',
+        'LifecycleError: command "c7": event "confirmed" is not allowed in state "sending"',
+    ]
+    assert found["missing"] == []
+    assert found["unknownStatus"] == "complete_error"
+
+
+def test_commands_and_timeline_labels_come_from_the_server(page: Page, console: Console) -> None:
+    """A command and a label that only the server's /api/commands knows reach Tab and the chart."""
+
+    def amended(route: Any) -> None:
+        catalog = route.fetch().json()
+        catalog["commands"].append(
+            {"name": "frobnicate", "usage": "frobnicate [--hard] THING", "summary": "new"}
+        )
+        catalog["timeline"]["worker_exited"] = "worker returned (the server's words)"
+        route.fulfill(json=catalog)
+
+    page.route(re.compile(r"/api/commands$"), amended)
+    open_console(page, console)
+    prompt = page.locator("#prompt")
+    prompt.fill("frob")
+    prompt.press("Tab")
+    expect(prompt).to_have_value("frobnicate ")
+    prompt.press_sequentially("--h")
+    prompt.press("Tab")
+    expect(prompt).to_have_value("frobnicate --hard ")
+    prompt.fill("curator run --stale")  # a flag that takes a value, from the usage line
+    prompt.press("Tab")
+    expect(prompt).to_have_value("curator run --stale-days ")
+    prompt.fill("")
+    block = run(page, "sleep 30")
+    expect_state(block, "running")
+    block.locator(".cmd-cancel").click()
+    expect_state(block, "cancelled")
+    expect(block.locator(".unwind .step[data-event=worker_exited] .step-name")).to_have_text(
+        "worker returned (the server's words)"
+    )
+
+
+def _consolidation_plan(body: dict[str, Any]) -> Mapping[str, Any] | None:
+    plan = {
+        "umbrellas": [
+            {
+                "title": f"Umbrella {k} over notes {2 * k - 1} and {2 * k}",
+                "summary": f"The two notes of pair {k}.",
+                "note_ids": [2 * k - 1, 2 * k],
+            }
+            for k in range(1, 11)
+        ]
+    }
+    return {"content": json.dumps(plan)}
+
+
+def test_a_long_confirmation_is_preformatted_and_scrolls_inside_the_dialog(
+    page: Page, tmp_path: Path
+) -> None:
+    page.set_viewport_size({"width": 800, "height": 420})
+    with running_console(tmp_path, sim=SIM, responder=_consolidation_plan) as planned:
+        store = NoteStore.in_data_dir(planned.data_dir)
+        for k in range(1, 21):
+            store.add(f"Note {k}", f"body {k}")
+        open_console(page, planned)
+        block = run(page, "curator run --consolidate")
+        dialog = page.locator("#confirm")
+        expect(dialog).to_be_visible()
+        message = dialog.locator("#confirm-message")
+        lines = message.inner_text().splitlines()
+        for k in range(1, 11):  # each umbrella on a line of its own, as the server wrote it
+            assert sum(f"Umbrella {k} over" in line for line in lines) == 1
+        style = message.evaluate(
+            """e => ({ space: getComputedStyle(e).whiteSpace,
+                       overflow: getComputedStyle(e).overflowY,
+                       scrolls: e.scrollHeight > e.clientHeight,
+                       bottom: e.closest("dialog").getBoundingClientRect().bottom })"""
+        )
+        assert style["space"] == "pre"
+        assert style["overflow"] == "auto"
+        assert style["scrolls"]  # taller than the dialog allows: it scrolls inside
+        assert style["bottom"] <= 420  # and the dialog, its buttons too, stays on screen
+        expect(dialog.locator("#confirm-yes")).to_be_in_viewport()
+        page.keyboard.press("Enter")
+        expect_state(block, "ok")
+        assert sum(1 for note in store.notes() if note.state is NoteState.ARCHIVED) == 20
+
+
+def test_an_escape_that_crosses_its_commands_end_shows_nothing_other_errors_show(
+    page: Page, tmp_path: Path
+) -> None:
+    """The server answers a cancel that came after the complete with an error naming the id
+    in "ref": the user pressed Esc as the command ended, which is not news.
+
+    The WebSocket route passes frames as they are, except that it keeps the
+    page's cancel until the command's complete has passed, as if the two had
+    crossed on the wire (a slow uplink).
+    """
+    opened = threading.Event()
+    down: list[dict[str, Any]] = []
+    routes: list[Any] = []
+
+    def late_cancels(route: Any) -> None:
+        server = route.connect_to_server()
+        routes.append(server)
+        held: dict[str, str] = {}
+        completed: set[str] = set()
+
+        def up(message: str | bytes) -> None:
+            frame = json.loads(message)
+            if frame.get("type") == "cancel" and frame.get("id") not in completed:
+                held[frame["id"]] = str(message)
+            else:
+                server.send(message)
+
+        def back(message: str | bytes) -> None:
+            frame = json.loads(message)
+            down.append(frame)
+            route.send(message)
+            if frame.get("type") == "complete":
+                completed.add(frame["id"])
+                if frame["id"] in held:
+                    server.send(held.pop(frame["id"]))
+
+        route.on_message(up)
+        server.on_message(back)
+
+    commands = builtin_commands().plus(gate_command(opened))
+    with running_console(tmp_path, sim=SIM, commands=commands) as gated:
+        page.route_web_socket(re.compile(r"/api/console"), late_cancels)
+        open_console(page, gated)
+        block = run(page, "test-gate")
+        expect_state(block, "running")
+        page.locator("#prompt").press("Escape")
+        expect_state(block, "cancelling")  # the cancel is sent: the route holds it
+        opened.set()  # so the command ends on its own, and its complete goes out first
+        expect_state(block, "ok")
+        # The console answers frames in order and the page handles them in
+        # order: once the next command's block ended, the error came before.
+        expect_state(run(page, "jobs"), "ok")
+        crossed = [f for f in down if f["type"] == "error"]
+        assert [(f["id"], f["ref"]) for f in crossed] == [(None, block.get_attribute("data-id"))]
+        expect(page.locator(".notice-error")).to_have_count(0)
+        expect(page.locator("#log")).not_to_contain_text("no live command")
+
+        # An error about an id that is not one of this page's is still shown.
+        routes[-1].send(json.dumps({"type": "cancel", "id": "zz"}))
+        expect(page.locator(".notice-error")).to_have_text("server: no live command with id 'zz'")

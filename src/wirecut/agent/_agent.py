@@ -18,7 +18,7 @@ from typing import Any
 
 import wirecut.scope as ws
 from wirecut.agent._tools import Tool, ToolCallError, ToolRegistry
-from wirecut.provider import ChatClient, ChatResult, ProviderError, ToolCall, Usage
+from wirecut.provider import Chat, ChatResult, ProviderError, ToolCall, Usage
 from wirecut.scope import Interrupted, InterruptScope, bind_scope, current_scope
 
 __all__ = ["AIAgent", "ConversationResult", "ConversationStatus"]
@@ -80,7 +80,7 @@ class AIAgent:
 
     def __init__(
         self,
-        client: ChatClient,
+        client: Chat,
         *,
         model: str | None = None,
         system_prompt: str | None = None,
@@ -145,6 +145,8 @@ class AIAgent:
         ``history`` is the conversation so far (not modified); the result's
         ``messages`` is it plus this turn. Provider failures end the turn with
         status "error" and the message in ``reason``; they are not raised.
+        The result's ``usage`` sums every model call of the turn, the failed
+        or cut one included (``Usage.add``: an unknown count stays unknown).
         """
         messages: list[Message] = list(history or [])
         if self.system_prompt and not any(m.get("role") == "system" for m in messages):
@@ -178,7 +180,7 @@ class AIAgent:
                         return result(ConversationStatus.MAX_ITERATIONS, reason="max_iterations")
                     iterations += 1
                     reply = self._call_model(messages, on_token)
-                    _add_usage(usage, reply.usage)
+                    usage.add(reply.usage)
                     finish_reason = reply.finish_reason
                     if reply.interrupted:
                         return result(ConversationStatus.INTERRUPTED, reply.text, reply.reason)
@@ -189,6 +191,8 @@ class AIAgent:
         except Interrupted as exc:
             return result(ConversationStatus.INTERRUPTED, reason=turn.reason or exc.reason)
         except ProviderError as exc:
+            if exc.usage is not None:
+                usage.add(exc.usage)  # What the failed call used is not lost with it.
             return result(ConversationStatus.ERROR, reason=str(exc))
         finally:
             with self._lock:
@@ -255,11 +259,3 @@ def _assistant_message(reply: ChatResult) -> Message:
             for call in reply.tool_calls
         ]
     return message
-
-
-def _add_usage(total: Usage, part: Usage) -> None:
-    total.prompt_tokens += part.prompt_tokens
-    total.completion_tokens += part.completion_tokens
-    total.total_tokens += part.total_tokens
-    total.requests += part.requests
-    total.estimated = total.estimated or part.estimated

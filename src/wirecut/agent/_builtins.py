@@ -27,6 +27,9 @@ __all__ = ["delegate_tool", "http_get_tool", "shell_tool"]
 
 #: What a tool hands back to the model at most, in characters.
 MAX_OUTPUT = 16_000
+#: The most of a page ``http_get`` reads: a page without end must not fill
+#: the memory when the model gets 16,000 characters of it anyway.
+MAX_FETCH_BYTES = 1 << 20
 
 #: Ends the shell tool's output when a descendant left the program's process
 #: group and still held the output open after the program exited.
@@ -104,7 +107,9 @@ def http_get_tool(
 ) -> Tool:
     """A tool that fetches a URL (http or https) through ``wirecut.http``.
 
-    The request registers with the bound scope: a cut closes it at once.
+    The request registers with the bound scope: a cut closes it at once. At
+    most ``MAX_FETCH_BYTES`` of a page are read (the connection is closed
+    after that), and at most ``MAX_OUTPUT`` characters go to the model.
     """
     factory = client_factory or (lambda: wirecut.http.client(timeout=timeout))
 
@@ -117,11 +122,19 @@ def http_get_tool(
             raise ToolCallError("url must start with http:// or https://")
         with factory() as client:
             try:
-                response = client.get(url, follow_redirects=True)
+                with client.stream("GET", url, follow_redirects=True) as response:
+                    body, more = _read_at_most(response, MAX_FETCH_BYTES)
+                    encoding = response.encoding or "utf-8"
+                    status = response.status_code
             except httpx.HTTPError as exc:
                 ws.check()  # a cut surfaces as an httpx error: report the cut
                 return f"error: {type(exc).__name__}: {exc}"
-        return f"HTTP {response.status_code}\n{_truncate(response.text)}"
+        text = _truncate(body.decode(encoding, errors="replace"))
+        if more:
+            text += (
+                f"\n[... the page is longer than {MAX_FETCH_BYTES} bytes; the rest was not read]"
+            )
+        return f"HTTP {status}\n{text}"
 
     return Tool(http_get)
 
@@ -153,6 +166,16 @@ def delegate_tool(
         return outcome.final_text
 
     return Tool(delegate, name=name)
+
+
+def _read_at_most(response: httpx.Response, limit: int) -> tuple[bytes, bool]:
+    """Up to ``limit`` bytes of the body, and whether there was more (left unread)."""
+    body = bytearray()
+    for chunk in response.iter_bytes():
+        body += chunk
+        if len(body) > limit:
+            return bytes(body[:limit]), True
+    return bytes(body), False
 
 
 def _truncate(text: str) -> str:

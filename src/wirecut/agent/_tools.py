@@ -16,6 +16,8 @@ from typing import Any, get_type_hints
 import jsonschema
 import pydantic
 
+from wirecut import _json
+
 __all__ = ["Tool", "ToolCallError", "ToolRegistry", "tool"]
 
 
@@ -69,11 +71,10 @@ class Tool:
     def parse(self, arguments: str) -> dict[str, Any]:
         """Check the model's raw JSON arguments; raise ``ToolCallError`` saying what is wrong."""
         try:
-            value = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise ToolCallError(
-                f"arguments for {self.name!r} are not valid JSON ({exc.msg} at {exc.pos})"
-            ) from None
+            # Bounded nesting: the validator below recurses into the value.
+            value = _json.loads(arguments) if arguments.strip() else {}
+        except _json.JSONError as exc:
+            raise ToolCallError(f"arguments for {self.name!r} are not valid JSON: {exc}") from None
         if not isinstance(value, dict):
             raise ToolCallError(f"arguments for {self.name!r} must be a JSON object")
         error = jsonschema.exceptions.best_match(self._validator.iter_errors(value))

@@ -22,6 +22,7 @@ _SUBCOMMANDS = {
     "local": "wirecut.cli._local:local",
     "memory": "wirecut.cli._memory:memory",
     "provider": "wirecut.cli._provider:provider",
+    "proxy": "wirecut.cli._proxy:proxy",
     "repro": "wirecut.cli._repro:repro",
     "serve": "wirecut.cli._serve:serve",
 }

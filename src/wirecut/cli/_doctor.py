@@ -25,7 +25,7 @@ def _poll(ctx: click.Context, param: click.Parameter, value: float | None) -> fl
 
 
 def _modes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:
-    known = ("stream", "non-stream", "queued")
+    known = ("stream", "non-stream", "queued", "prefill")
     modes = tuple(word.strip() for word in value.split(",") if word.strip())
     unknown = [mode for mode in modes if mode not in known]
     if unknown or not modes:
@@ -47,7 +47,7 @@ def _modes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str,
 # For tests: the simulator and fakes need no 1.5 s between polls; a shorter watch.
 @click.option("--min-poll", type=float, default=None, callback=_poll, hidden=True)
 @click.option("--window", type=float, default=None, callback=_poll, hidden=True)
-@click.option("--modes", default="stream,non-stream,queued", callback=_modes, hidden=True)
+@click.option("--modes", default="stream,non-stream,queued,prefill", callback=_modes, hidden=True)
 def doctor(
     provider_url: str | None,
     model: str | None,
@@ -57,7 +57,7 @@ def doctor(
     window: float | None,
     modes: tuple[str, ...],
 ) -> None:
-    """Cut a streaming, a non-streaming and a queued request; say whether the provider let go."""
+    """Cut requests (streaming, not, queued, in their prompt); did the provider let go?"""
     from wirecut.proof import CheckMode, DoctorError, run_doctor, url_problem
     from wirecut.proof._doctor import RELEASE_WINDOW
 

@@ -20,6 +20,12 @@ def _positive_finite(ctx: click.Context, param: click.Parameter, value: float) -
     return value
 
 
+def _optional_positive_finite(
+    ctx: click.Context, param: click.Parameter, value: float | None
+) -> float | None:
+    return None if value is None else _positive_finite(ctx, param, value)
+
+
 def _non_negative_finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
     if not math.isfinite(value) or value < 0:
         raise click.BadParameter(f"must be a finite number >= 0, got {value}")
@@ -56,7 +62,23 @@ def _non_negative_finite(ctx: click.Context, param: click.Parameter, value: floa
     default=300.0,
     show_default=True,
     callback=_non_negative_finite,
-    help="Time from taking a slot to the first token.",
+    help="Time from taking a slot to the first token, whatever the prompt.",
+)
+@click.option(
+    "--prompt-tokens-per-second",
+    type=float,
+    default=None,
+    callback=_optional_positive_finite,
+    help="Process each prompt at this rate instead of --prompt-ms, in batches of "
+    "--prompt-batch tokens; a client that closed is noticed only between batches, "
+    "as llama.cpp does.",
+)
+@click.option(
+    "--prompt-batch",
+    type=click.IntRange(min=1),
+    default=2048,
+    show_default=True,
+    help="Prompt tokens per batch with --prompt-tokens-per-second (llama.cpp's n_batch).",
 )
 @click.option(
     "--reply-tokens",
@@ -76,6 +98,8 @@ def provider(
     slots: int,
     tokens_per_second: float,
     prompt_ms: float,
+    prompt_tokens_per_second: float | None,
+    prompt_batch: int,
     reply_tokens: int,
     endless: bool,
 ) -> None:
@@ -86,12 +110,16 @@ def provider(
         slots=slots,
         tokens_per_second=tokens_per_second,
         prompt_ms=prompt_ms,
+        prompt_tokens_per_second=prompt_tokens_per_second,
+        prompt_batch=prompt_batch,
         reply_tokens=reply_tokens,
         endless=endless,
     )
 
     def announce(base_url: str) -> None:
         mode = ", endless" if endless else ""
+        if prompt_tokens_per_second is not None:
+            mode += f", prompt {prompt_tokens_per_second:g} tok/s in batches of {prompt_batch}"
         click.echo(
             f"wirecut provider: {base_url} (slots={slots}, {tokens_per_second:g} tok/s{mode})"
         )

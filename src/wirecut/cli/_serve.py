@@ -4,15 +4,16 @@ Prints ``wirecut console: http://HOST:PORT/?token=TOKEN`` on stdout once it
 accepts connections, and which provider it uses on stderr; serves until
 SIGTERM or Ctrl+C, ends every command with reason "shutdown" (each gets its
 ``complete``), stops the provider it started, and exits 0.
+
+Secrets (the console's token, the provider's API key) come from a file or the
+environment; as a flag they still work, with one warning line, because every
+local user can read a command line (``/proc/PID/cmdline``). docs/security.md.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import math
 import os
 import secrets
-import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +22,8 @@ import click
 
 from wirecut.cli._data_dir import data_dir_option
 from wirecut.cli._local import model_spec
+from wirecut.cli._options import check_port, is_loopback, seconds, secret
+from wirecut.console._limits import RunnerLimits
 
 if TYPE_CHECKING:
     from wirecut.console.cluster import ClusterRunner
@@ -29,21 +32,8 @@ if TYPE_CHECKING:
 
 __all__ = ["serve"]
 
-
-def _seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    # click's FloatRange lets NaN and inf through.
-    if not math.isfinite(value) or value <= 0:
-        raise click.BadParameter(f"must be a finite number of seconds > 0, not {value}")
-    return value
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+#: The runner's defaults, shown by --help (written once, in RunnerLimits).
+_RUNNER = RunnerLimits()
 
 
 @click.command("serve")
@@ -51,7 +41,11 @@ def _is_loopback(host: str) -> bool:
 @click.option(
     "--port", default=8765, show_default=True, type=click.IntRange(0, 65535), help="0: any."
 )
-@click.option("--token", default=None, help="The access token. Default: a random one.")
+@click.option(
+    "--token",
+    default=None,
+    help="The access token (visible to local users: prefer --token-file or $WIRECUT_TOKEN).",
+)
 @click.option(
     "--no-token",
     is_flag=True,
@@ -64,26 +58,84 @@ def _is_loopback(host: str) -> bool:
     "then $OPENAI_BASE_URL; with neither, the embedded llama.cpp, else the simulator.",
 )
 @click.option("--model", default=None, help="The model to ask the provider for.")
-@click.option("--api-key", default=None, help="The provider's API key. Default: $OPENAI_API_KEY.")
+@click.option(
+    "--api-key",
+    default=None,
+    help="The provider's API key (visible to local users: prefer --api-key-file or "
+    "$OPENAI_API_KEY).",
+)
 @data_dir_option
-@click.option("--workers", default=4, show_default=True, type=click.IntRange(1, 1024))
+@click.option("--workers", default=_RUNNER.workers, show_default=True, type=click.IntRange(1, 1024))
 @click.option(
     "--command-timeout",
-    default=60.0,
+    default=_RUNNER.command_timeout,
     show_default=True,
     type=float,
-    callback=_seconds,
+    callback=seconds,
     help="The longest a command may run (a run frame's timeout is capped by it).",
 )
 @click.option(
     "--unwind-timeout",
-    default=10.0,
+    default=_RUNNER.unwind_timeout,
     show_default=True,
     type=float,
-    callback=_seconds,
+    callback=seconds,
     help="How long a cancelled command's worker may take to return before it is reported leaked.",
 )
 @click.option("--ray", "ray_address", default=None, help="Run commands on a Ray cluster.")
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Read the access token from FILE. Default: $WIRECUT_TOKEN, else a random one.",
+)
+@click.option(
+    "--api-key-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Read the provider's API key from FILE. Default: $OPENAI_API_KEY.",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Also answer requests for this Host name (repeatable); by default only the names "
+    "the console is bound to (loopback names on a loopback address).",
+)
+@click.option(
+    "--max-connections",
+    default=512,
+    show_default=True,
+    type=click.IntRange(1, 1 << 20),
+    help="Open connections at most (lowered to fit the descriptor limit); at the cap a new "
+    "one closes the oldest that has sent no request.",
+)
+@click.option(
+    "--max-outbox",
+    default=4 * 1024 * 1024,
+    show_default=True,
+    type=click.IntRange(64 * 1024, 1 << 31),
+    metavar="BYTES",
+    help="Bytes of frames that may wait for a client that does not read; past it the "
+    "connection is closed (4429) and its commands are cancelled.",
+)
+@click.option(
+    "--head-timeout",
+    default=10.0,
+    show_default=True,
+    type=float,
+    callback=seconds,
+    help="Seconds a connection may take to send a complete request head.",
+)
+@click.option(
+    "--drain-timeout",
+    default=2.0,
+    show_default=True,
+    type=float,
+    callback=seconds,
+    help="Seconds a stopping server waits for its last frames to reach slow readers.",
+)
 @click.option(
     "--local-model",
     default=None,
@@ -105,31 +157,43 @@ def serve(
     command_timeout: float,
     unwind_timeout: float,
     ray_address: str | None,
+    token_file: Path | None,
+    api_key_file: Path | None,
+    allowed_hosts: tuple[str, ...],
+    max_connections: int,
+    max_outbox: int,
+    head_timeout: float,
+    drain_timeout: float,
     local_model: str | None,
 ) -> None:
     """Run the console: a web page, a WebSocket API and a terminal client's server."""
-    if no_token and token is not None:
-        raise click.UsageError("--token and --no-token exclude each other")
-    if no_token and not _is_loopback(host):
+    if no_token and (token is not None or token_file is not None):
+        raise click.UsageError("--token/--token-file and --no-token exclude each other")
+    token = secret(
+        "serve", "--token-file", token_file, TOKEN_ENV, flag=("--token", token), skip_env=no_token
+    )
+    api_key = secret(
+        "serve", "--api-key-file", api_key_file, API_KEY_ENV, flag=("--api-key", api_key)
+    )
+    _check_allowed_hosts(allowed_hosts)
+    if no_token and not is_loopback(host):
         raise click.UsageError(
             f"--no-token is refused on {host}: only a loopback address may go without a token"
         )
     if ray_address is not None:
         _check_ray(ray_address)
-    if token is not None and not token.strip():
-        raise click.UsageError("--token must not be empty")
-    _check_port(host, port)
+    check_port("serve", host, port)
 
     from wirecut.console.server import (
+        ConnectionLimits,
         ConsoleConfig,
         ProviderUnavailable,
         resolve_provider,
         serve_forever,
     )
 
-    url = (
-        provider_url or os.environ.get("WIRECUT_PROVIDER_URL") or os.environ.get("OPENAI_BASE_URL")
-    )
+    url, source = _provider_url(provider_url)
+    _check_store(data_dir)
     if url and local_model is not None:
         click.echo(f"wirecut serve: --local-model is ignored: the provider is {url}", err=True)
     config = ConsoleConfig(
@@ -142,13 +206,21 @@ def serve(
         data_dir=data_dir,
         provider_url=url,
         model=model,
-        api_key=api_key or os.environ.get("OPENAI_API_KEY"),
+        api_key=api_key,
+        allowed_hosts=allowed_hosts,
+        limits=ConnectionLimits(
+            max_connections=max_connections,
+            max_outbox=max_outbox,
+            head_timeout=head_timeout,
+            drain_timeout=drain_timeout,
+        ),
     )
     try:
         provider = resolve_provider(
             url,
             model,
             data_dir,
+            source=source,
             local_model=local_model or "smollm2",
             echo=lambda line: click.echo(f"wirecut serve: {line}", err=True),
         )
@@ -159,6 +231,7 @@ def serve(
         click.echo(f"wirecut serve: provider: {provider.label}", err=True)
         if provider.note:
             click.echo(f"wirecut serve: {provider.note}", err=True)
+        _probe_provider(provider.base_url, config.api_key)
         if ray_address is None:
             code = serve_forever(config, provider, echo=click.echo)
         else:
@@ -166,6 +239,60 @@ def serve(
     finally:
         provider.stop()
     sys.exit(code)
+
+
+#: Where ``--provider-url`` comes from, in the order they are looked at.
+PROVIDER_URL_ENV = ("WIRECUT_PROVIDER_URL", "OPENAI_BASE_URL")
+
+
+def _provider_url(flag: str | None) -> tuple[str | None, str | None]:
+    """The provider URL and where it came from; a malformed one is a usage error (exit 2)."""
+    from wirecut.provider import base_url_problem
+
+    given = [("--provider-url", flag), *((name, os.environ.get(name)) for name in PROVIDER_URL_ENV)]
+    for source, url in given:
+        if not url:
+            continue
+        problem = base_url_problem(url)
+        if problem is None:
+            return url, source
+        if source == "--provider-url":
+            raise click.BadParameter(problem, param_hint="--provider-url")
+        raise click.UsageError(f"${source}: {problem}")
+    return None, None
+
+
+def _check_store(data_dir: Path) -> None:
+    """Open the note store before anything starts; a store that cannot serve is one line, exit 1."""
+    from wirecut.memory import NoteStore, StoreError
+
+    try:
+        NoteStore.in_data_dir(data_dir)
+    except StoreError as exc:
+        click.echo(f"wirecut serve: {exc}", err=True)
+        sys.exit(1)
+
+
+def _probe_provider(base_url: str, api_key: str | None) -> None:
+    """Say in one line what answers at ``base_url`` (bounded; serving goes on either way)."""
+    from wirecut.provider import identify_provider
+
+    identity = identify_provider(base_url, api_key=api_key)
+    click.echo(f"wirecut serve: provider check: {identity.line(base_url)}", err=True)
+
+
+#: Where a secret comes from when no flag gives it.
+TOKEN_ENV = "WIRECUT_TOKEN"
+API_KEY_ENV = "OPENAI_API_KEY"
+
+
+def _check_allowed_hosts(names: tuple[str, ...]) -> None:
+    from wirecut.console.server import host_name_problem
+
+    for name in names:
+        problem = host_name_problem(name)
+        if problem is not None:
+            raise click.UsageError(f"--allowed-host: {problem}")
 
 
 def _check_ray(address: str) -> None:
@@ -184,7 +311,6 @@ def _serve_on_ray(address: str, config: ConsoleConfig, provider: Provider) -> in
     from wirecut.console.cluster import (
         ClusterRunner,
         ClusterUnavailable,
-        ProviderSpec,
         connect,
         disconnect,
     )
@@ -195,24 +321,11 @@ def _serve_on_ray(address: str, config: ConsoleConfig, provider: Provider) -> in
     except ClusterUnavailable as exc:
         click.echo(f"wirecut serve: {exc}", err=True)
         return 1
-    spec = ProviderSpec(
-        base_url=provider.base_url,
-        api_key=config.api_key,
-        model=provider.model,
-        label=provider.label,
-        max_tokens=config.max_tokens,
-    )
+    spec = config.provider_spec(provider)
 
     def make_runner(services: Services, metrics: ConsoleMetrics) -> ClusterRunner:
         return ClusterRunner(
-            services,
-            spec,
-            workers=config.workers,
-            command_timeout=config.command_timeout,
-            unwind_timeout=config.unwind_timeout,
-            escalate_after=config.escalate_after,
-            observer=metrics,
-            registry=metrics.registry,
+            services, spec, limits=config.runner_limits, observer=metrics, registry=metrics.registry
         )
 
     where = "a local Ray cluster" if started else f"the Ray cluster at {address}"
@@ -221,17 +334,3 @@ def _serve_on_ray(address: str, config: ConsoleConfig, provider: Provider) -> in
         return serve_forever(config, provider, echo=click.echo, runner=make_runner)
     finally:
         disconnect()
-
-
-def _check_port(host: str, port: int) -> None:
-    """Refuse a port that is taken with one line, before starting a provider for nothing."""
-    if port == 0:
-        return
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host.strip("[]"), port))
-        except OSError as exc:
-            click.echo(f"wirecut serve: cannot listen on {host}:{port}: {exc.strerror}", err=True)
-            sys.exit(1)

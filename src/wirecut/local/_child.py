@@ -59,6 +59,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--n-parallel", type=int, required=True)
     parser.add_argument("--ctx-size", type=int, required=True)
+    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--ubatch-size", type=int, default=None)
     parser.add_argument("--pdeathsig-parent", type=int, default=None)
     return parser.parse_args(argv)
 
@@ -84,6 +86,13 @@ def main(argv: list[str] | None = None) -> None:
     params.n_ctx = args.ctx_size  # shared by the slots: each gets ctx_size / n_parallel
     params.cpuparams.n_threads = args.threads
     params.cpuparams_batch.n_threads = args.threads
+    # llama.cpp acts on a cancelled task only between batches of n_batch prompt
+    # tokens: the batch size bounds how long a prefill cut holds the slot
+    # (docs/cancellation-limits.md).
+    if args.batch_size is not None:
+        params.n_batch = args.batch_size
+    if args.ubatch_size is not None:
+        params.n_ubatch = args.ubatch_size
     params.endpoint_slots = True
     params.endpoint_metrics = True
     if args.chat_template:

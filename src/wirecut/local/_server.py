@@ -11,7 +11,8 @@ Who may call what: ``start()``, ``stop()`` and ``wait()`` from any thread;
 outlives us: ``stop()`` kills its process group and reaps it (docs/architecture.md, fact
 8), and if this process dies without stopping it, the child notices the end
 of its stdin pipe (and, when started from the main thread on Linux, gets
-``PR_SET_PDEATHSIG``) and exits.
+``PR_SET_PDEATHSIG``) and exits; and the scope's group reaper kills its
+process group.
 """
 
 from __future__ import annotations
@@ -45,9 +46,18 @@ from wirecut.local._model import (
     parse_model_spec,
     resolve_model,
 )
-from wirecut.scope import kill_process_group
+from wirecut.scope import kill_process_group, unwatch_group, watch_group
 
 __all__ = ["LocalServer", "ServerState"]
+
+#: llama.cpp's n_batch and n_ubatch for the embedded server (llama.cpp's own
+#: defaults: 2048 and 512). llama.cpp acts on a cancelled task only between
+#: batches of n_batch prompt tokens, so n_batch bounds how long a cut during
+#: prompt processing keeps the slot: 256 tokens take well under a second here,
+#: at the default's prompt throughput. Table: docs/cancellation-limits.md
+#: (bench/bench_prefill.py).
+BATCH_SIZE = 256
+UBATCH_SIZE = 256
 
 _STDERR_TAIL_LINES = 30
 _HEALTH_POLL_S = 0.05
@@ -75,9 +85,12 @@ class LocalServer:
     first (``resolve_model``: a fetch into ``cache_dir`` on first use, or the
     fallback to Gemma; ``echo`` gets those lines). ``port=0`` picks a free
     port. ``ctx_size`` is the context shared by the ``n_parallel`` slots (each
-    gets ``ctx_size // n_parallel`` tokens). ``start()`` then blocks until
-    ``/health`` answers or ``startup_timeout`` seconds pass (counted from
-    when the model file is ready).
+    gets ``ctx_size // n_parallel`` tokens). ``batch_size`` and
+    ``ubatch_size`` are llama.cpp's ``n_batch`` and ``n_ubatch`` (default
+    ``BATCH_SIZE``, ``UBATCH_SIZE``): the prompt tokens between two looks at a
+    cancelled request. ``start()`` then blocks until ``/health`` answers or
+    ``startup_timeout`` seconds pass (counted from when the model file is
+    ready).
 
     Cancellation: ``stop()`` from another thread during ``start()`` kills the
     child, and ``start()`` then raises ``LocalServerError``. A server cannot be
@@ -95,6 +108,8 @@ class LocalServer:
         threads: int = 2,
         n_parallel: int = 2,
         ctx_size: int = 8192,
+        batch_size: int | None = None,
+        ubatch_size: int | None = None,
         startup_timeout: float = 60.0,
         stop_grace: float = 2.0,
     ) -> None:
@@ -105,6 +120,12 @@ class LocalServer:
                 raise ValueError(f"{name} must be at least 1, not {value}")
         if ctx_size < 256 * n_parallel:
             raise ValueError(f"ctx_size must be at least 256 per slot, not {ctx_size}")
+        batch_size = BATCH_SIZE if batch_size is None else batch_size
+        ubatch_size = min(UBATCH_SIZE, batch_size) if ubatch_size is None else ubatch_size
+        if not 1 <= ubatch_size <= batch_size:
+            raise ValueError(
+                f"need 1 <= ubatch_size <= batch_size, not {ubatch_size} and {batch_size}"
+            )
         for name, seconds in (("startup_timeout", startup_timeout), ("stop_grace", stop_grace)):
             if not (math.isfinite(seconds) and seconds > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, not {seconds}")
@@ -122,6 +143,8 @@ class LocalServer:
         self.threads = threads
         self.n_parallel = n_parallel
         self.ctx_size = ctx_size
+        self.batch_size = batch_size
+        self.ubatch_size = ubatch_size
         self.startup_timeout = startup_timeout
         self.stop_grace = stop_grace
         #: The name the server announces (the fallback's once ``start()`` fell back).
@@ -223,6 +246,7 @@ class LocalServer:
             self._reaped = True
             atexit.unregister(self.stop)
             _kill_and_reap(proc, self.stop_grace)
+            unwatch_group(proc.pid)
             if self._drain is not None:
                 # It closes stderr itself at EOF, which comes once every
                 # holder of the pipe is gone.
@@ -294,6 +318,10 @@ class LocalServer:
             str(self.n_parallel),
             "--ctx-size",
             str(self.ctx_size),
+            "--batch-size",
+            str(self.batch_size),
+            "--ubatch-size",
+            str(self.ubatch_size),
         ]
         # PR_SET_PDEATHSIG fires when the *thread* that forked the child ends:
         # ask for it only from the main thread, whose end is the process's.
@@ -316,6 +344,9 @@ class LocalServer:
             )
         except OSError as exc:
             raise LocalServerError(f"cannot start the llama.cpp server child: {exc}") from exc
+        # Dies with us even if the stdin watch cannot run (a GIL-holding
+        # model load) and we did not start it from the main thread.
+        watch_group(proc.pid)
         self._proc = proc
         assert proc.stderr is not None
         self._drain = threading.Thread(

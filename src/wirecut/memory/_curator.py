@@ -22,7 +22,7 @@ from wirecut.memory._errors import PlanError
 from wirecut.memory._notes import Note, NoteState
 from wirecut.memory._plan import PLAN_MAX_TOKENS, Plan, make_plan, plan_request, validate_plan
 from wirecut.memory._store import NoteStore
-from wirecut.provider import ChatClient, Usage
+from wirecut.provider import Chat, Usage
 
 __all__ = [
     "ARCHIVE_AFTER",
@@ -269,7 +269,7 @@ def _cut(text: str, width: int) -> str:
 def curate(
     store: NoteStore,
     *,
-    client: ChatClient | None = None,
+    client: Chat | None = None,
     consolidate: bool = False,
     dry_run: bool = False,
     confirm: Callable[[str], bool] | None = None,

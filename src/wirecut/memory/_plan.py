@@ -44,7 +44,7 @@ from wirecut.memory._related import (
     related_groups,
     subject_words,
 )
-from wirecut.provider import ChatClient, Usage
+from wirecut.provider import Chat, Usage
 from wirecut.scope import InterruptScope, bind_scope
 
 __all__ = [
@@ -222,7 +222,7 @@ def plan_schema(
 
 
 def make_plan(
-    client: ChatClient,
+    client: Chat,
     notes: Sequence[Note],
     *,
     model: str | None = None,
@@ -285,7 +285,7 @@ def make_plan(
             on_token("\n")
         part = _ask(client, request, model, params, on_token)
         texts.append(part.text)
-        _add_usage(usage, part.usage)
+        usage.add(part.usage)
         if part.defect is not None:
             return dataclasses.replace(part, text="\n".join(texts), usage=usage)
         umbrellas += part.umbrellas
@@ -297,7 +297,7 @@ def make_plan(
 
 
 def _ask(
-    client: ChatClient,
+    client: Chat,
     request: PlanRequest,
     model: str | None,
     params: dict[str, Any],
@@ -366,14 +366,6 @@ def _ask(
 
 #: The ends of a conversation after which ``_ReplyWatcher``'s verdict is read.
 _READ = frozenset({ConversationStatus.OK, ConversationStatus.INTERRUPTED})
-
-
-def _add_usage(total: Usage, part: Usage) -> None:
-    total.prompt_tokens += part.prompt_tokens
-    total.completion_tokens += part.completion_tokens
-    total.total_tokens += part.total_tokens
-    total.requests += part.requests
-    total.estimated = total.estimated or part.estimated
 
 
 class _Cut(enum.Enum):

@@ -8,13 +8,21 @@ applies the missing ones in one transaction (opening it again applies none).
 Each call opens its own connection and closes it before returning, in the
 calling thread: no connection is shared between threads, and none is left
 open for a cancel to interrupt half-way. A write is one ``BEGIN IMMEDIATE``
-transaction that ends with a check of the bound scope: a cut (or any error)
-before the commit rolls it back, so the file is left exactly as it was.
+transaction whose ``COMMIT`` is the bound scope's commit section
+(``committing()``): a cut (or any error) before it rolls the write back, so
+the file is left exactly as it was; once it passed, the write stands and the
+scope is ``committed``.
+
+A write that finds another writer holding the lock waits for it in short
+steps on the bound scope's ``sleep`` (``LOCK_STEPS``), not in SQLite's busy
+handler: a blocking C call that no cancel reaches (it held a cancelled
+command for 4.7 s). The overall wait is still bounded by ``timeout``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import sqlite3
 import time
@@ -56,6 +64,11 @@ MIGRATIONS: list[tuple[str, ...]] = [
 #: The version that this code writes and reads.
 SCHEMA_VERSION = len(MIGRATIONS)
 
+#: Seconds between a write's tries for the write lock held by another writer
+#: (about SQLite's own busy-handler steps); the last one repeats until the
+#: store's ``timeout``. Each is a cuttable ``scope.sleep``.
+LOCK_STEPS = (0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.025, 0.025, 0.05)
+
 _COLUMNS = "id, title, body, state, created_at, last_used_at, state_changed_at, umbrella_id"
 
 
@@ -67,9 +80,12 @@ class NoteStore:
     the cause) when the file cannot be opened, read or written, including a
     file whose schema is newer than this code.
 
-    Cancellation: a write checks the bound scope just before it commits; a
-    cancel up to that point rolls the write back and raises ``Interrupted``.
-    Reads are not cut (they are short).
+    Cancellation: a write's ``COMMIT`` runs in the bound scope's commit
+    section; a cancel before it rolls the write back and raises
+    ``Interrupted``, a cancel after it came too late (the scope is
+    ``committed``, and the console reports the command ``ok``). A cancel
+    while the write waits for another writer's lock ends the wait at once.
+    Reads are not cut (they are short, and in WAL mode wait for no writer).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, timeout: float = 5.0) -> None:
@@ -113,22 +129,45 @@ class NoteStore:
         with self._connect() as conn:
             # IMMEDIATE takes the write lock now: what the block reads cannot
             # change under it before the commit.
-            conn.execute("BEGIN IMMEDIATE")
+            self._begin_immediate(conn)
             try:
                 yield conn
-                ws.check()
-                conn.execute("COMMIT")
+                # The point of no return: a cancel from here on comes too late
+                # to undo the write, and the command reports it done.
+                with ws.committing():
+                    conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
                     with contextlib.suppress(sqlite3.Error):
                         conn.execute("ROLLBACK")
                 raise
 
+    def _begin_immediate(self, conn: sqlite3.Connection) -> None:
+        """``BEGIN IMMEDIATE``, waiting for another writer in cuttable steps, up to ``timeout``.
+
+        Raises ``Interrupted`` if the bound scope is cancelled meanwhile, and
+        SQLite's "database is locked" once ``timeout`` passed.
+        """
+        # No busy handler: SQLite answers SQLITE_BUSY at once, and the wait
+        # happens here, where a cancel can end it.
+        conn.execute("PRAGMA busy_timeout = 0")
+        deadline = time.monotonic() + self.timeout
+        for step in itertools.chain(LOCK_STEPS, itertools.repeat(LOCK_STEPS[-1])):
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                # The primary code is the low byte (SQLITE_BUSY_RECOVERY ... too).
+                remaining = deadline - time.monotonic()
+                if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or remaining <= 0:
+                    raise
+            ws.sleep(min(step, remaining))
+
     def _migrate(self) -> None:
         with self._connect() as conn:
             # Outside a transaction: SQLite cannot switch journal modes inside one.
             conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("BEGIN IMMEDIATE")
+            self._begin_immediate(conn)
             try:
                 version = conn.execute("PRAGMA user_version").fetchone()[0]
                 target = len(MIGRATIONS)

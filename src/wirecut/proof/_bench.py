@@ -39,13 +39,12 @@ import math
 import os
 import platform
 import tempfile
-import threading
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wirecut import __version__
 from wirecut.proof._console_client import ConsoleClient
@@ -54,6 +53,9 @@ from wirecut.proof._seed import seed_notes
 from wirecut.proof._sim_watch import ProviderSide, provider_side, wait_decoding
 from wirecut.simulator import SimConfig, SimulatorServer
 
+if TYPE_CHECKING:
+    from wirecut.console.commands import CommandSet
+
 __all__ = [
     "CONCURRENCY",
     "SCENARIOS",
@@ -61,8 +63,8 @@ __all__ = [
     "BenchReport",
     "BenchSettings",
     "Row",
+    "bench_commands",
     "plan",
-    "register_bench_commands",
     "run_bench",
 ]
 
@@ -221,40 +223,36 @@ class _Batch:
 
 # -- wirecut, through the console -------------------------------------------------------
 
-_registered = threading.Lock()
 
-
-def register_bench_commands() -> None:
-    """Register ``bench-nonstream TEXT`` in the console's command registry (once per process).
+def bench_commands() -> CommandSet:
+    """The console's commands plus ``bench-nonstream TEXT``.
 
     The console has no command that makes a real non-streaming request; this
     one does, through the console's own (scoped) ``ChatClient``, so the
     non-stream scenario runs through the real console like the others.
     """
-    from wirecut.console.commands import CommandContext, UsageError, command, commands
+    from wirecut.console.commands import CommandContext, UsageError, builtin_commands, command
 
-    with _registered:
-        if any(c.name == NON_STREAM_COMMAND for c in commands()):
-            return
-
-        @command(
-            NON_STREAM_COMMAND,
-            usage=f"{NON_STREAM_COMMAND} TEXT",
-            summary="one real non-streaming chat request (wirecut bench)",
+    @command(
+        NON_STREAM_COMMAND,
+        usage=f"{NON_STREAM_COMMAND} TEXT",
+        summary="one real non-streaming chat request (wirecut bench)",
+    )
+    def bench_nonstream(ctx: CommandContext, args: list[str]) -> None:
+        if not args:
+            raise UsageError(f"usage: {NON_STREAM_COMMAND} TEXT")
+        result = ctx.services.chat_client().chat(
+            [{"role": "user", "content": " ".join(args)}],
+            stream=False,
+            wire_stream=False,
+            model=ctx.services.model,
+            max_tokens=ctx.services.max_tokens,
         )
-        def bench_nonstream(ctx: CommandContext, args: list[str]) -> None:
-            if not args:
-                raise UsageError(f"usage: {NON_STREAM_COMMAND} TEXT")
-            result = ctx.services.chat_client().chat(
-                [{"role": "user", "content": " ".join(args)}],
-                stream=False,
-                wire_stream=False,
-                model=ctx.services.model,
-                max_tokens=ctx.services.max_tokens,
-            )
-            ctx.add_usage(result.usage)
-            ctx.scope.check()  # A cut: the runner reports the cancel.
-            ctx.write(result.text + "\n")
+        ctx.add_usage(result.usage)
+        ctx.scope.check()  # A cut: the runner reports the cancel.
+        ctx.write(result.text + "\n")
+
+    return builtin_commands().plus(bench_nonstream)
 
 
 def _line(scenario: str, index: int) -> str:
@@ -269,11 +267,11 @@ def _line(scenario: str, index: int) -> str:
 def _console(sim: SimulatorServer, data_dir: Path, workers: int) -> Iterator[str]:
     from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
 
-    register_bench_commands()
     config = ConsoleConfig(
         port=0, data_dir=data_dir, workers=workers, command_timeout=300, max_tokens=MAX_TOKENS
     )
-    with ConsoleServer(config, Provider(sim.base_url, None, "simulator (bench)")) as console:
+    provider = Provider(sim.base_url, None, "simulator (bench)")
+    with ConsoleServer(config, provider, commands=bench_commands()) as console:
         yield console.ws_url
 
 
@@ -294,13 +292,7 @@ def _wirecut_batch(url: str, sim: SimulatorServer, scenario: str, n: int, window
         done = client.completes(ids, COMPLETE_BOUND)
         sides = provider_side(sim, _received_since(sim, since), since, cancelled_at, window)
     leaked = (
-        n
-        - len(done)
-        + sum(
-            1
-            for r in done.values()
-            if (r.frame.get("lifecycle") or {}).get("worker_exited") is not True
-        )
+        n - len(done) + sum(1 for r in done.values() if r.facts.lifecycle.worker_exited is not True)
     )
     return _Batch(cancelled_at, window, [r.at for r in done.values()], sides, leaked)
 

@@ -1,4 +1,4 @@
-"""A client of ``/api/console`` for the proof tools: frames with their arrival times.
+"""A synchronous client of ``/api/console``: frames with their arrival times.
 
 ``ConsoleClient`` speaks the protocol (docs/protocol.md, "/api/console") over one
 real WebSocket (the ``websockets`` sync client). A background thread reads
@@ -6,7 +6,15 @@ the frames and stamps each with ``time.monotonic()`` as it arrives, so that
 ``repro`` and ``bench`` can measure cancel -> ``complete`` on the client's
 side of the wire. Every wait is bounded and wakes on the frame it waits for.
 
+It is the one such client of the project: the test suite's client
+(tests/_console.py) is a thin adapter over it.
+
 Safe to call from any thread; the frames are kept under one condition.
+
+Cancellation: nothing here is cancelled from outside. A wait ends on its frame,
+on its timeout, or when the connection closes; ``close`` closes the connection
+(the server cancels the connection's live commands, reason ``disconnect``) and
+joins the reader.
 """
 
 from __future__ import annotations
@@ -16,15 +24,21 @@ import itertools
 import json
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from websockets.sync.client import ClientConnection, connect
 
+from wirecut.console.runner import CompleteFacts
+
 __all__ = ["ConsoleClient", "Frame", "Received"]
 
 Frame = dict[str, Any]
+
+# How long close() waits for the reader to see the connection end.
+_READER_JOIN = 5.0
 
 
 @dataclass(frozen=True)
@@ -34,36 +48,56 @@ class Received:
     frame: Frame
     at: float
 
+    @property
+    def facts(self) -> CompleteFacts:
+        """The record of a ``complete`` frame (KeyError or ValueError for another frame)."""
+        return CompleteFacts.from_wire(self.frame)
+
 
 class ConsoleClient:
     """One WebSocket connection to a console; use as a context manager.
 
-    ``run`` and ``cancel`` return the ``time.monotonic()`` taken just before
-    the frame was handed to the socket: the moment the user asked.
+    ``connect_kwargs`` go to ``websockets.sync.client.connect`` (for example
+    ``additional_headers=`` or ``origin=``); frames of any size are accepted
+    unless ``max_size`` says otherwise. The constructor returns once the
+    server's ``ready`` frame has come (``self.ready``).
+
+    ``send``, ``run`` and ``cancel`` return the ``time.monotonic()`` taken just
+    before the frame was handed to the socket: the moment the user asked.
     """
 
-    def __init__(self, url: str, *, open_timeout: float = 10.0) -> None:
+    def __init__(self, url: str, *, open_timeout: float = 10.0, **connect_kwargs: Any) -> None:
+        connect_kwargs.setdefault("max_size", None)
         # Entered as a context manager: websockets deprecates iterating a
         # connection that was not.
         self._stack = contextlib.ExitStack()
-        self._ws: ClientConnection = self._stack.enter_context(
-            connect(url, open_timeout=open_timeout, max_size=None)
+        #: The connection itself, for callers that must act below the protocol
+        #: (send raw bytes, shut the TCP socket without a close handshake).
+        self.ws: ClientConnection = self._stack.enter_context(
+            connect(url, open_timeout=open_timeout, **connect_kwargs)
         )
-        # Guards _received and _closed; wakes wait_for() on every frame.
+        # Guards _received, _by_id and _closed; wakes every wait on each frame.
         self._cond = threading.Condition()
         self._received: list[Received] = []
+        self._by_id: defaultdict[str | None, list[Received]] = defaultdict(list)
         self._closed: BaseException | None = None
         self._ids = itertools.count(1)
-        self._reader = threading.Thread(target=self._read, name="wirecut-proof-ws", daemon=True)
+        self._reader = threading.Thread(target=self._read, name="wirecut-console-ws", daemon=True)
         self._reader.start()
-        self.wait_for(lambda f: f["type"] == "ready", timeout=open_timeout)
+        try:
+            self.ready: Frame = self.wait_for(lambda f: f["type"] == "ready", open_timeout).frame
+        except BaseException:
+            self.close()
+            raise
 
     def _read(self) -> None:
         try:
-            for message in self._ws:
+            for message in self.ws:
                 frame = json.loads(message)
+                item = Received(frame, time.monotonic())
                 with self._cond:
-                    self._received.append(Received(frame, time.monotonic()))
+                    self._received.append(item)
+                    self._by_id[frame.get("id")].append(item)
                     self._cond.notify_all()
         except Exception as exc:
             with self._cond:
@@ -74,9 +108,11 @@ class ConsoleClient:
             self._closed = ConnectionError("the console closed the connection")
             self._cond.notify_all()
 
-    def send(self, frame: Frame) -> float:
+    def send(self, frame: Frame | str) -> float:
+        """Send a frame (a ``str`` goes as it is, for frames the protocol refuses)."""
+        text = frame if isinstance(frame, str) else json.dumps(frame)
         at = time.monotonic()
-        self._ws.send(json.dumps(frame))
+        self.ws.send(text)
         return at
 
     def run(self, line: str, *, id: str | None = None, timeout: float | None = None) -> str:
@@ -96,7 +132,7 @@ class ConsoleClient:
         """The first frame, received so far or later, that ``match``es.
 
         Raises TimeoutError after ``timeout`` seconds or once the connection
-        closed without one, naming the last frames seen.
+        closed without one, naming why and the last frames seen.
         """
         deadline = time.monotonic() + timeout
         seen = 0
@@ -108,8 +144,9 @@ class ConsoleClient:
                 seen = len(self._received)
                 remaining = deadline - time.monotonic()
                 if self._closed is not None or remaining <= 0:
-                    last = [r.frame.get("type") for r in self._received[-5:]]
-                    raise TimeoutError(f"no matching console frame (last: {last})")
+                    why = "timed out" if self._closed is None else repr(self._closed)
+                    last = [r.frame for r in self._received[-5:]]
+                    raise TimeoutError(f"no matching console frame ({why}); last: {last}")
                 self._cond.wait(remaining)
 
     def complete(self, id: str, timeout: float) -> Received:
@@ -122,24 +159,30 @@ class ConsoleClient:
         found: dict[str, Received] = {}
         with self._cond:
             while True:
-                for item in self._received:
-                    frame = item.frame
-                    if frame["type"] == "complete" and frame.get("id") in ids:
-                        found.setdefault(frame["id"], item)
+                for id in ids - found.keys():
+                    for item in self._by_id.get(id, ()):
+                        if item.frame["type"] == "complete":
+                            found[id] = item
+                            break
                 remaining = deadline - time.monotonic()
                 if len(found) == len(ids) or self._closed is not None or remaining <= 0:
                     return found
                 self._cond.wait(remaining)
 
-    def frames(self, id: str | None = None) -> list[Frame]:
-        """Every frame so far (of ``id``, if given), in order."""
+    def received(self, id: str | None = None) -> list[Received]:
+        """Every frame so far, in order; with ``id``, only the frames about ``id``."""
         with self._cond:
-            return [r.frame for r in self._received if id is None or r.frame.get("id") == id]
+            return list(self._received if id is None else self._by_id.get(id, ()))
 
     def close(self) -> None:
-        """Close the connection (its live commands are cancelled by the server) and join."""
+        """Close the connection (its live commands are cancelled by the server) and join.
+
+        Raises RuntimeError if the reader is still running afterwards.
+        """
         self._stack.close()
-        self._reader.join(5)
+        self._reader.join(_READER_JOIN)
+        if self._reader.is_alive():
+            raise RuntimeError("the console client's reader did not end after close")
 
     def __enter__(self) -> ConsoleClient:
         return self

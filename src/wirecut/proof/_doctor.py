@@ -10,18 +10,29 @@ and how fast the provider let each go:
   once the provider shows it running;
 - ``queued``: where the provider has slots, one request cut while it waits
   behind a request in every slot; then the slots are freed, and it is
-  released if no slot ever ran it.
+  released if no slot ever ran it;
+- ``prefill``: a long prompt (about 3,000 tokens), cut once the provider shows
+  it running and before its first token: llama.cpp acts on a cancelled task
+  only between batches of ``n_batch`` prompt tokens, so this is the cut that
+  can hold a slot for seconds (docs/cancellation-limits.md).
 
 Each check says ``released`` True, False, or None (could not be told),
 ``release_ms`` (when doctor first *saw* it released: an upper bound, as
 llama.cpp is polled at most every 1.5 s) and ``how``. The advice fits what
 was found. Runs in the calling thread; its requests live in their own scopes
 and every one is cut before it returns.
+
+Before any check, a server that shows nothing of an LLM provider (no
+llama.cpp, vLLM or Ollama endpoint) must answer like an OpenAI API
+(``GET /v1/models``, or a chat completion or an OpenAI error): else doctor
+stops with one line saying it is not one (``DoctorError``).
 """
 
 from __future__ import annotations
 
 import enum
+import json
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -60,6 +71,17 @@ RELEASE_WINDOW = 6.0
 SETTLE = 0.25
 #: For a provider that cannot say it is running a request: how long to let it start.
 BLIND_START = 1.0
+#: The prefill check's prompt, in words (about as many tokens for llama.cpp's
+#: tokenizers), unless the provider's slot context asks for fewer.
+PREFILL_WORDS = 3200
+#: ... of which at most this share of one slot's context (llama.cpp's ``n_ctx``).
+PREFILL_CONTEXT_SHARE = 0.75
+#: A prefill cut that holds the slot longer than this gets advice (issue target: 2 s).
+PREFILL_TARGET_MS = 2000.0
+_PREFILL_VOCABULARY = (
+    "the sea ship rock wave wind tide bell rope lamp door stair glass light night keeper "
+    "island harbour storm cloud rain boat sail mast deck chart map star moon sun bird fish"
+).split()
 
 
 class CheckMode(enum.StrEnum):
@@ -68,6 +90,7 @@ class CheckMode(enum.StrEnum):
     STREAM = "stream"  # a streaming request, cut while tokens flow
     NON_STREAM = "non-stream"  # a real non-streaming request, cut while the provider runs it
     QUEUED = "queued"  # a request cut while it waited for a slot
+    PREFILL = "prefill"  # a long prompt, cut while the provider processed it
 
 
 @dataclass
@@ -167,6 +190,10 @@ def run_doctor(
             watcher = identify(base_url, http)
         except httpx.HTTPError as exc:
             raise DoctorError(f"cannot reach the provider at {base_url}: {exc}") from None
+        if watcher.kind is ProviderKind.UNKNOWN:
+            problem = not_an_openai_api(base_url, http, model)
+            if problem is not None:
+                raise DoctorError(problem)
         model = model or _first_model(base_url, http)
         log(f"provider: {watcher.kind} ({watcher.how}); model: {model or 'the default'}")
         params: dict[str, Any] = {"max_tokens": max_tokens}
@@ -188,13 +215,59 @@ def run_doctor(
                 report.checks.append(doctor.non_stream())
             if CheckMode.QUEUED in modes and watcher.slots:
                 report.checks.append(doctor.queued(watcher.slots))
+            if CheckMode.PREFILL in modes:
+                report.checks.append(doctor.prefill())
         except (httpx.HTTPError, ValueError) as exc:
             # /slots, /metrics or /api/ps stopped answering (or answered nonsense).
             raise DoctorError(f"lost the provider at {base_url} while watching it: {exc}") from None
         finally:
             doctor.client.close()
-        report.advice = advise(watcher, report.checks)
+        report.advice = advise(watcher, report.checks, doctor.poller.interval)
         return report
+
+
+def not_an_openai_api(base_url: str, http: httpx.Client, model: str | None) -> str | None:
+    """One line saying why ``base_url`` is not an OpenAI-compatible API; None when it may be.
+
+    Asks ``GET /models``; when that is no OpenAI model list, sends one
+    streamed chat completion of one token and reads the start of its answer.
+    Only an answer that is neither an event stream nor OpenAI-shaped JSON (a
+    completion or an ``{"error": ...}``) counts against it: a timeout or a
+    refused connection says nothing, and the checks will tell.
+    """
+    api = base_url.rstrip("/")
+    try:
+        listing = http.get(api + "/models", timeout=5)
+        if _openai_json(listing.content, ("data",)):
+            return None
+        body: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        body.update(stream=True, **({"model": model} if model else {}))
+        with http.stream("POST", api + "/chat/completions", json=body, timeout=10) as answer:
+            kind = answer.headers.get("content-type", "").split(";")[0].strip() or "no type"
+            if kind == "text/event-stream":
+                return None
+            start = b""
+            for chunk in answer.iter_bytes():
+                start += chunk
+                if len(start) >= 4096:
+                    break
+    except httpx.HTTPError:
+        return None
+    if _openai_json(start, ("choices", "error", "object")):
+        return None
+    return (
+        f"{base_url} is not an OpenAI-compatible API: GET /models answered "
+        f"{listing.status_code}, POST /chat/completions answered {answer.status_code} "
+        f"({kind}), neither in the OpenAI shape"
+    )
+
+
+def _openai_json(data: bytes, keys: tuple[str, ...]) -> bool:
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(value, dict) and any(key in value for key in keys)
 
 
 def _auth(api_key: str | None) -> dict[str, str]:
@@ -238,11 +311,16 @@ class _Doctor:
     idle: Sample | None = None
 
     def _start(
-        self, name: str, *, stream: bool = True, messages: list[dict[str, Any]] = MESSAGES
+        self,
+        name: str,
+        *,
+        stream: bool = True,
+        messages: list[dict[str, Any]] = MESSAGES,
+        params: dict[str, Any] | None = None,
     ) -> _Running:
         scope = InterruptScope(f"doctor-{name}")
         first = threading.Event()
-        kwargs: dict[str, Any] = dict(self.params)
+        kwargs: dict[str, Any] = dict(self.params if params is None else params)
         if stream:
             kwargs["on_token"] = lambda _: first.set()
         else:
@@ -344,6 +422,38 @@ class _Doctor:
             CheckMode.QUEUED, True, release_ms, how, "no slot ran it after the slots freed"
         )
 
+    def prefill(self) -> Check:
+        words = PREFILL_WORDS
+        if self.watcher.slot_context is not None:
+            words = min(words, int(self.watcher.slot_context * PREFILL_CONTEXT_SHARE))
+        self.log(f"prefill: a prompt of {words} words, cut while the provider processes it")
+        idle = self._idle()
+        how = self.watcher.how
+        params = {**self.params, "max_tokens": 16}
+        run = self._start("prefill", messages=_long_prompt(words), params=params)
+        sent_at = time.monotonic()
+        try:
+            busy = self._wait_running(run, idle)
+            if isinstance(busy, str):
+                return Check(CheckMode.PREFILL, None, None, how, busy)
+            if run.future.done():
+                return Check(CheckMode.PREFILL, None, None, how, _early_end(run))
+            if run.first_token.is_set():
+                took = time.monotonic() - sent_at
+                return Check(
+                    CheckMode.PREFILL,
+                    None,
+                    None,
+                    how,
+                    f"the provider had processed the whole prompt within {took:.1f} s, before "
+                    "doctor could cut it: a prefill cut is bounded by about that",
+                )
+            cancelled_at = time.monotonic()
+            run.cut()
+        finally:
+            run.cut()
+        return self._watch(CheckMode.PREFILL, idle, busy, cancelled_at)
+
     # -- watching -----------------------------------------------------------------------
 
     def _watch_queue(self, idle: Sample, cancelled_at: float) -> float | None:
@@ -395,6 +505,15 @@ class _Doctor:
             previous = reading
 
 
+def _long_prompt(words: int) -> list[dict[str, Any]]:
+    """A prompt of about ``words`` tokens that no provider has cached a prefix of."""
+    rng = random.Random()
+    # A new first line each time: llama.cpp reuses a slot's cached prompt prefix.
+    text = [f"Logbook {rng.getrandbits(64):x}. Summarise it."]
+    text += [rng.choice(_PREFILL_VOCABULARY) for _ in range(words)]
+    return [{"role": "user", "content": " ".join(text)}]
+
+
 def _wait_first_token(run: _Running) -> str | None:
     deadline = time.monotonic() + START_TIMEOUT
     while not run.first_token.wait(0.05):
@@ -425,8 +544,42 @@ def _blind(watcher: Watcher) -> str:
     return f"{watcher.how} did not say whether the request still runs"
 
 
-def advise(watcher: Watcher, checks: list[Check]) -> list[str]:
-    """Advice that fits what was found (one sentence each)."""
+_PREFILL_ADVICE = {
+    ProviderKind.LLAMA_CPP: (
+        "a cut during prompt processing held the slot: llama.cpp acts on a cancelled task only "
+        "between batches of --batch-size prompt tokens (2048 by default). Start llama-server "
+        "with smaller batches (--batch-size and --ubatch-size, e.g. 256 or less on a CPU: 256 "
+        "tokens took under a second on two idle cores, at the default's prompt throughput), "
+        "or give it a less loaded machine (docs/cancellation-limits.md)."
+    ),
+    ProviderKind.VLLM: (
+        "a cut during prompt processing held the request: vLLM drops an aborted request between "
+        "engine steps, and a long prompt is split over steps only by chunked prefill. Keep "
+        "--enable-chunked-prefill on and lower --max-num-batched-tokens so that one step's "
+        "share of a prompt is short."
+    ),
+    ProviderKind.OLLAMA: (
+        "a cut during prompt processing held the model: Ollama runs llama.cpp's server with "
+        "its --batch-size and --ubatch-size set from num_batch (512 by default), and llama.cpp "
+        "acts on a cancelled request only between such batches (Ollama's older runner only at "
+        "the first token, after the whole prompt). Lower num_batch in the model's options "
+        "(PARAMETER num_batch 128 in a Modelfile, or options.num_batch)."
+    ),
+    ProviderKind.UNKNOWN: (
+        "a cut during prompt processing held the request: this provider finishes (a batch of) "
+        "the prompt before it looks at the closed connection. Ask its operator for smaller "
+        "prompt batches, or keep prompts short."
+    ),
+}
+
+
+def advise(watcher: Watcher, checks: list[Check], poll_interval: float = 0.0) -> list[str]:
+    """Advice that fits what was found (one sentence each).
+
+    ``poll_interval``: seconds between the readings; a release seen at
+    ``release_ms`` happened after the reading before it, ``poll_interval``
+    earlier.
+    """
     by_mode = {check.mode: check for check in checks}
     advice: list[str] = []
     stream = by_mode.get(CheckMode.STREAM)
@@ -461,7 +614,19 @@ def advise(watcher: Watcher, checks: list[Check]) -> list[str]:
             "is let go at its first token, but it costs a prompt pass. Keep the queue short: "
             "give llama-server as many slots (-np) as requests you run at once."
         )
-    if checks and all(check.released is True for check in checks):
+    prefill = by_mode.get(CheckMode.PREFILL)
+    slow_prefill = False
+    if prefill is not None and (
+        prefill.released is False
+        or (
+            # Still busy at the reading before: certainly held past the target.
+            prefill.release_ms is not None
+            and prefill.release_ms - poll_interval * 1000 > PREFILL_TARGET_MS
+        )
+    ):
+        slow_prefill = True
+        advice.append(_PREFILL_ADVICE.get(watcher.kind, _PREFILL_ADVICE[ProviderKind.UNKNOWN]))
+    if checks and all(check.released is True for check in checks) and not slow_prefill:
         advice.append(
             "every cut was released: cancelling through wirecut frees the slot on this provider; "
             "nothing to change."

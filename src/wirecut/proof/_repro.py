@@ -209,14 +209,14 @@ def _wirecut_run(console_url: str, side: _SimSide | _RealSide) -> ReproFacts:
         cancelled_at = client.cancel(id)
         done = client.complete(id, COMPLETE_BOUND)
         saw_close, slot_free, close_ms, provider_steps = side.after_cancel(cancelled_at)
-    frame = done.frame
-    lifecycle = frame.get("lifecycle") or {}
+    facts = done.facts
+    lifecycle = facts.lifecycle
     complete_ms = (done.at - cancelled_at) * 1000
-    timeline = [(str(s["event"]), float(s["ms"])) for s in lifecycle.get("timeline") or []]
-    timeline += [*provider_steps, (f"complete ({frame.get('status')})", complete_ms)]
+    timeline = [(step.event, step.ms) for step in lifecycle.timeline or ()]
+    timeline += [*provider_steps, (f"complete ({facts.status})", complete_ms)]
     return ReproFacts(
-        request_exited=lifecycle.get("open_requests") == 0,
-        worker_exited=lifecycle.get("worker_exited") is True,
+        request_exited=lifecycle.open_requests == 0,
+        worker_exited=lifecycle.worker_exited is True,
         provider_saw_close=saw_close,
         slot_free=slot_free,
         cancel_to_complete_ms=complete_ms,

@@ -91,6 +91,10 @@ class Watcher:
     min_interval: float = 0.2
     #: Requests the provider runs at once, when it says (llama.cpp's slots).
     slots: int | None = None
+    #: The context of one slot in tokens, when it says (llama.cpp's ``n_ctx``).
+    slot_context: int | None = None
+    #: When ``identify`` began reading the provider: its readings count for the pace.
+    identified_at: float = -math.inf
     #: False when it exposes nothing to read: there is no point in watching.
     sees: bool = True
 
@@ -130,11 +134,13 @@ class LlamaWatcher(Watcher):
         use_slots: bool,
         use_metrics: bool,
         slots: int | None,
+        slot_context: int | None = None,
     ) -> None:
         super().__init__(root, http)
         self.use_slots = use_slots
         self.use_metrics = use_metrics
         self.slots = slots
+        self.slot_context = slot_context
         read = [path for path, on in (("/slots", use_slots), ("/metrics", use_metrics)) if on]
         self.how = ", ".join(read) or "unknown"
 
@@ -258,7 +264,8 @@ class Poller:
         return self.watcher.min_interval if self.min_interval is None else self.min_interval
 
     def next_at(self) -> float:
-        return self._last_start + self.interval
+        # identify() read the provider too: its readings count for the pace.
+        return max(self._last_start, self.watcher.identified_at) + self.interval
 
     def sample(self, not_before: float = 0.0) -> Sample:
         start = max(self.next_at(), not_before)
@@ -311,6 +318,7 @@ def identify(base_url: str, http: httpx.Client) -> Watcher:
     Raises ``httpx.HTTPError`` only when the server cannot be reached at all.
     """
     root = root_url(base_url)
+    started = time.monotonic()
     reached = False
     errors: list[httpx.HTTPError] = []
 
@@ -341,20 +349,26 @@ def identify(base_url: str, http: httpx.Client) -> Watcher:
     if has_slots or llama_props or "llamacpp:" in metrics_text:
         total = props_body.get("total_slots") if isinstance(props_body, dict) else None
         count = len(listing) if has_slots and isinstance(listing, list) else total
-        return LlamaWatcher(
+        context = listing[0].get("n_ctx") if has_slots and isinstance(listing, list) else None
+        watcher: Watcher = LlamaWatcher(
             root,
             http,
             use_slots=has_slots,
             use_metrics="llamacpp:" in metrics_text,
             slots=count if isinstance(count, int) else None,
+            slot_context=context if isinstance(context, int) and context > 0 else None,
         )
-    if "vllm:" in metrics_text:
-        return VllmWatcher(root, http)
-    for path in ("/api/version", "/api/ps"):
-        answer = get(path)
-        body = _json(answer) if answer is not None and answer.status_code == 200 else None
-        if isinstance(body, dict) and ("version" in body or "models" in body):
-            return OllamaWatcher(root, http)
-    if not reached and errors:
-        raise errors[-1]
-    return UnknownWatcher(root, http)
+    elif "vllm:" in metrics_text:
+        watcher = VllmWatcher(root, http)
+    else:
+        watcher = UnknownWatcher(root, http)
+        for path in ("/api/version", "/api/ps"):
+            answer = get(path)
+            body = _json(answer) if answer is not None and answer.status_code == 200 else None
+            if isinstance(body, dict) and ("version" in body or "models" in body):
+                watcher = OllamaWatcher(root, http)
+                break
+        if not reached and errors:
+            raise errors[-1]
+    watcher.identified_at = started
+    return watcher

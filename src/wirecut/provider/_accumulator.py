@@ -32,14 +32,20 @@ class ChatAccumulator:
 
     Tool-call deltas are merged by their ``index``: ``id`` and ``name`` are
     taken from the first delta that carries them (servers send them whole,
-    some more than once), ``arguments`` fragments are concatenated.
+    some more than once), ``arguments`` fragments are concatenated. Text and
+    arguments together past ``max_reply_chars`` raise ``ProviderResponseError``.
     """
 
-    def __init__(self, on_token: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, on_token: Callable[[str], None] | None = None, *, max_reply_chars: int | None = None
+    ) -> None:
         self._on_token = on_token
+        self._max_reply_chars = max_reply_chars
         self._text: list[str] = []
         self._calls: dict[int, _PartialCall] = {}
-        self._deltas = 0
+        self._chars = 0  # of text and tool-call arguments kept
+        self._deltas = 0  # streamed deltas that carried something the model produced
+        self._whole = False  # a whole (non-streamed) response was merged
         self.finish_reason: str | None = None
         self.model: str | None = None
         self.provider_usage: Usage | None = None
@@ -53,13 +59,26 @@ class ChatAccumulator:
         self._common(chunk)
         for choice in _choices(chunk):
             delta = choice.get("delta") or {}
+            if not isinstance(delta, dict):
+                raise ProviderResponseError(f"a malformed delta: {delta!r:.200}")
             content = delta.get("content")
+            calls = delta.get("tool_calls") or []
+            if not isinstance(calls, list):
+                raise ProviderResponseError(f"malformed tool calls: {calls!r:.200}")
+            if content or calls or delta.get("reasoning_content"):
+                # One delta is about one token on llama.cpp, vLLM and Ollama:
+                # the estimate of what arrived when no usage comes.
+                self._deltas += 1
             if content:
                 self._add_text(content)
-            for call in delta.get("tool_calls") or ():
+            for call in calls:
                 self._add_call_delta(call)
             if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
+                self.finish_reason = str(choice["finish_reason"])
+
+    def expect_whole(self) -> None:
+        """A whole (non-streamed) response is being read: what it used is unknown until merged."""
+        self._whole = True
 
     def add_response(self, response: Any) -> None:
         """Merge a whole (non-streaming) ``chat.completion``."""
@@ -67,6 +86,7 @@ class ChatAccumulator:
             raise ProviderResponseError(f"expected a JSON object, got {response!r:.200}")
         if "error" in response:
             raise ProviderResponseError(f"the provider sent an error: {response['error']!r:.200}")
+        self._whole = True
         self._common(response)
         choices = _choices(response)
         if not choices:
@@ -76,27 +96,41 @@ class ChatAccumulator:
             raise ProviderResponseError(f"a choice without a message: {choices[0]!r:.200}")
         if message.get("content"):
             self._add_text(message["content"])
-        for index, call in enumerate(message.get("tool_calls") or ()):
+        calls = message.get("tool_calls") or []
+        if not isinstance(calls, list) or not all(isinstance(call, dict) for call in calls):
+            raise ProviderResponseError(f"malformed tool calls: {calls!r:.200}")
+        for index, call in enumerate(calls):
             self._add_call_delta({"index": index, **call})
-        self.finish_reason = choices[0].get("finish_reason")
+        reason = choices[0].get("finish_reason")
+        self.finish_reason = None if reason is None else str(reason)
 
     def _common(self, payload: dict[str, Any]) -> None:
         if payload.get("model"):
             self.model = str(payload["model"])
         usage = payload.get("usage")
         if isinstance(usage, dict):
-            prompt = int(usage.get("prompt_tokens") or 0)
-            completion = int(usage.get("completion_tokens") or 0)
-            total = int(usage.get("total_tokens") or prompt + completion)
+            prompt = _count(usage.get("prompt_tokens"))
+            completion = _count(usage.get("completion_tokens"))
+            total = _count(usage.get("total_tokens"))
+            if total is None and prompt is not None and completion is not None:
+                total = prompt + completion
             self.provider_usage = Usage(prompt, completion, total)
 
     def _add_text(self, content: Any) -> None:
         if not isinstance(content, str):
             raise ProviderResponseError(f"content is not text: {content!r:.200}")
+        self._keep(len(content))
         self._text.append(content)
-        self._deltas += 1
         if self._on_token is not None:
             self._on_token(content)
+
+    def _keep(self, chars: int) -> None:
+        self._chars += chars
+        if self._max_reply_chars is not None and self._chars > self._max_reply_chars:
+            raise ProviderResponseError(
+                f"the reply is longer than {self._max_reply_chars} characters"
+                " (ResponseLimits.reply_chars)"
+            )
 
     def _add_call_delta(self, delta: Any) -> None:
         if not isinstance(delta, dict):
@@ -108,14 +142,17 @@ class ChatAccumulator:
         if delta.get("id") and not call.id:
             call.id = str(delta["id"])
         function = delta.get("function") or {}
+        if not isinstance(function, dict):
+            raise ProviderResponseError(f"a malformed tool call: {delta!r:.200}")
         if function.get("name") and not call.name:
             call.name = str(function["name"])
         arguments = function.get("arguments")
-        if isinstance(arguments, str):
-            call.arguments.append(arguments)
-        elif arguments is not None:
+        if arguments is not None and not isinstance(arguments, str):
             # Some servers send a parsed object in whole responses.
-            call.arguments.append(json.dumps(arguments))
+            arguments = json.dumps(arguments)
+        if arguments:
+            self._keep(len(arguments))
+            call.arguments.append(arguments)
 
     @property
     def text(self) -> str:
@@ -127,25 +164,41 @@ class ChatAccumulator:
             for index, call in sorted(self._calls.items())
         ]
 
-    def usage(self, requests: int) -> Usage:
-        """The provider's usage if it sent one, else an estimate from the deltas."""
+    def usage(self) -> Usage:
+        """The usage of the one request this accumulated (``requests == 1``).
+
+        The provider's own counts if it sent them (a count it left out is
+        None). Else the streamed deltas estimate the completion tokens
+        (``estimated``; zero if nothing arrived) and the prompt tokens are
+        unknown; a whole response without usage leaves both unknown.
+        """
         if self.provider_usage is not None:
             usage = self.provider_usage
-            return Usage(usage.prompt_tokens, usage.completion_tokens, usage.total_tokens, requests)
-        return Usage(0, self._deltas, self._deltas, requests, estimated=True)
+            return Usage(usage.prompt_tokens, usage.completion_tokens, usage.total_tokens, 1)
+        if self._whole:
+            return Usage(None, None, None, 1)
+        return Usage(None, self._deltas, None, 1, estimated=self._deltas > 0)
 
     def result(
-        self, requests: int, *, interrupted: bool = False, reason: str | None = None
+        self, usage: Usage, *, interrupted: bool = False, reason: str | None = None
     ) -> ChatResult:
+        """The result of a ``chat()`` whose requests together used ``usage``."""
         return ChatResult(
             text=self.text,
             tool_calls=self.tool_calls(),
             finish_reason=self.finish_reason,
-            usage=self.usage(requests),
+            usage=usage,
             interrupted=interrupted,
             reason=reason,
             model=self.model,
         )
+
+
+def _count(value: Any) -> int | None:
+    """A token count from the provider's ``usage``; None if absent or not a count."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53:
+        return value
+    return None
 
 
 def _choices(payload: dict[str, Any]) -> list[dict[str, Any]]:

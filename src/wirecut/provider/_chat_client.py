@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import enum
-import json
+import itertools
 import math
 import threading
 import time
@@ -21,16 +21,19 @@ import httpx
 
 import wirecut.http
 import wirecut.scope as ws
+from wirecut import _json
 from wirecut.http._core import check_seconds
 from wirecut.provider._accumulator import ChatAccumulator
 from wirecut.provider._errors import (
     ProviderConnectionError,
+    ProviderError,
     ProviderResponseError,
     ProviderStatusError,
     map_http_errors,
 )
-from wirecut.provider._result import ChatResult
-from wirecut.provider._sse import iter_sse
+from wirecut.provider._limits import ResponseLimits
+from wirecut.provider._result import ChatResult, Usage
+from wirecut.provider._sse import iter_lines, iter_sse
 from wirecut.scope import Interrupted
 
 __all__ = ["ChatClient", "ClientState"]
@@ -40,6 +43,8 @@ MAX_RETRY_AFTER = 30.0
 #: Backoff before retry n (0-based) when the provider gave no Retry-After.
 BACKOFF_BASE = 0.5
 BACKOFF_MAX = 8.0
+#: How many lines after ``[DONE]`` are read (and dropped) to reuse the connection.
+AFTER_DONE_LINES = 64
 
 
 class ClientState(enum.Enum):
@@ -70,7 +75,10 @@ class ChatClient:
     ``http_client``, if given, is used as is and not closed by ``close()``;
     it should be a ``wirecut.http.client()`` for the requests to be cuttable.
     ``wire_stream=False`` makes every request a real non-streaming one (the
-    default streams on the wire, see ``chat``).
+    default streams on the wire, see ``chat``). ``limits`` bounds what one
+    response may make it hold (``ResponseLimits``; its defaults fit any real
+    reply): past a bound the request is cut and ``chat()`` raises
+    ``ProviderResponseError``.
 
     Bad settings are a ``ValueError`` naming the argument: ``base_url`` must
     be an http:// or https:// URL with a host; ``timeout`` and
@@ -89,6 +97,7 @@ class ChatClient:
         max_retries: int = 2,
         http_client: httpx.Client | None = None,
         wire_stream: bool = True,
+        limits: ResponseLimits | None = None,
     ) -> None:
         _check_base_url(base_url)
         check_seconds("timeout", timeout)
@@ -100,6 +109,7 @@ class ChatClient:
         self.model = model
         self.max_retries = max_retries
         self.wire_stream = wire_stream
+        self.limits = limits or ResponseLimits()
         self._headers = {"Accept": "application/json, text/event-stream"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -155,12 +165,17 @@ class ChatClient:
         once a response body started, never after a cut, and never when the
         error says a retry cannot help (``ProviderConnectionError.retryable``).
 
-        Cancellation: if the bound scope is cancelled before the request was
-        sent (at entry, while connecting, during a retry backoff) ``chat()``
-        raises ``Interrupted``. Once it was sent, a cut ends the request at
-        once and ``chat()`` returns a ``ChatResult`` with ``interrupted=True``,
-        the scope's reason, and the text, tool-call fragments and usage
-        received so far (estimated from the deltas if the provider sent none).
+        Usage is never lost: the result's ``usage``, or the ``usage`` of the
+        ``ProviderError`` raised, counts every request sent (retries, and a
+        request that failed or was cut, included) and the tokens that
+        arrived, whatever ended the request; a count nobody told us is None.
+
+        Cancellation: if the bound scope is cancelled before any request was
+        sent (at entry, while connecting) ``chat()`` raises ``Interrupted``.
+        Once one was sent, a cut (of the request in flight, or of a retry's
+        backoff, after which no retry is sent) ends it at once and ``chat()``
+        returns a ``ChatResult`` with ``interrupted=True``, the scope's
+        reason, and the text, tool-call fragments and usage received so far.
 
         Raises ``ProviderError`` subclasses (see ``_errors``) and ``Interrupted``.
         """
@@ -182,32 +197,34 @@ class ChatClient:
             body.pop("stream_options", None)
         sink = on_token if stream else None
 
-        requests = 0
+        usage = Usage()  # Of every request sent so far.
+        delay = 0.0
         for attempt in range(self.max_retries + 1):
-            # wirecut's transport refuses a cancelled scope by itself; a plain
-            # http_client= does not, and this is then the only thing that does.
-            ws.check()
             state = _Attempt()
-            accumulator = ChatAccumulator(sink)
+            accumulator = ChatAccumulator(sink, max_reply_chars=self.limits.reply_chars)
             try:
+                if attempt:
+                    ws.sleep(delay)  # A cut wakes it with Interrupted: no retry after a cut.
+                # wirecut's transport refuses a cancelled scope by itself; a plain
+                # http_client= does not, and this is then the only thing that does.
+                ws.check()
                 self._send(body, wire_stream, state, accumulator)
             except Interrupted as exc:
-                if not state.sent:
+                if state.sent:
+                    usage.add(accumulator.usage())
+                elif usage.requests == 0:
                     raise  # Nothing was asked of the provider: nothing to keep.
-                return accumulator.result(requests + 1, interrupted=True, reason=exc.reason)
-            except ProviderConnectionError as exc:
-                requests += state.sent
-                if not exc.retryable or state.response_started or attempt == self.max_retries:
+                return accumulator.result(usage, interrupted=True, reason=exc.reason)
+            except ProviderError as exc:
+                if state.sent:
+                    usage.add(accumulator.usage())
+                exc.usage = usage
+                if attempt == self.max_retries or not _retryable(exc, state):
                     raise
-                delay = _backoff(attempt)
-            except ProviderStatusError as exc:
-                requests += 1
-                if not exc.retryable or attempt == self.max_retries:
-                    raise
-                delay = _backoff(attempt) if exc.retry_after is None else exc.retry_after
+                delay = _delay(exc, attempt)
             else:
-                return accumulator.result(requests + 1)
-            ws.sleep(delay)  # A cut wakes it with Interrupted: no retry after a cut.
+                usage.add(accumulator.usage())
+                return accumulator.result(usage)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _send(
@@ -229,39 +246,77 @@ class ChatClient:
                     raise _status_error(response, self.url)
                 content_type = response.headers.get("content-type", "")
                 if wire_stream and "text/event-stream" in content_type:
-                    _read_stream(response, acc)
+                    _read_stream(response, acc, self.limits)
                 else:
                     # Also a server that ignored ``stream: true``.
-                    acc.add_response(_json(response.read().decode("utf-8", "replace")))
+                    acc.expect_whole()
+                    acc.add_response(_parse(_read_body(response, self.limits.body_bytes)))
             finally:
+                # Before the body's end (an error, a bound passed) this closes
+                # the connection rather than return it to the pool: the
+                # provider sees the close and stops sending.
                 response.close()
 
 
-def _read_stream(response: httpx.Response, acc: ChatAccumulator) -> None:
-    events = iter_sse(response.iter_lines())
+def _retryable(exc: ProviderError, state: _Attempt) -> bool:
+    if isinstance(exc, ProviderStatusError):
+        return exc.retryable
+    if isinstance(exc, ProviderConnectionError):
+        return exc.retryable and not state.response_started
+    return False
+
+
+def _delay(exc: ProviderError, attempt: int) -> float:
+    if isinstance(exc, ProviderStatusError) and exc.retry_after is not None:
+        return exc.retry_after
+    return _backoff(attempt)
+
+
+def _read_body(response: httpx.Response, limit: int) -> str:
+    """The whole body as text, refused (with the read stopped) once past ``limit`` bytes."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared[:20]) > limit:
+        raise ProviderResponseError(
+            f"the response body is {declared[:20]} bytes, more than {limit}"
+            " (ResponseLimits.body_bytes)"
+        )
+    body = bytearray()
+    for chunk in response.iter_bytes():
+        body += chunk
+        if len(body) > limit:
+            raise ProviderResponseError(
+                f"the response body is longer than {limit} bytes (ResponseLimits.body_bytes)"
+            )
+    return body.decode("utf-8", "replace")
+
+
+def _read_stream(response: httpx.Response, acc: ChatAccumulator, limits: ResponseLimits) -> None:
+    lines = iter_lines(response.iter_bytes(), max_line_bytes=limits.line_bytes)
+    events = iter_sse(lines, max_data_chars=limits.line_bytes)
     for event in events:
         if event.data.strip() == "[DONE]":
             break
         if event.event == "error":
             raise ProviderResponseError(f"the provider sent an error event: {event.data:.200}")
-        acc.add_chunk(_json(event.data))
+        acc.add_chunk(_parse(event.data))
     else:
         if acc.finish_reason is None:
             raise ProviderResponseError("the event stream ended before [DONE] or a finish_reason")
         return
     # Read to the end of the body (the chunked terminator) so that the
     # connection can be reused; whatever a server sends after [DONE] is not
-    # part of the answer, and an error there costs a connection, not the answer.
-    with contextlib.suppress(httpx.HTTPError):
-        for _ in events:
+    # part of the answer, and an error there (or more than a few lines)
+    # costs a connection, not the answer.
+    with contextlib.suppress(httpx.HTTPError, ProviderResponseError):
+        for _ in itertools.islice(lines, AFTER_DONE_LINES):
             pass
 
 
-def _json(text: str) -> Any:
+def _parse(text: str) -> Any:
     try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise ProviderResponseError(f"not JSON: {text[:200]!r}") from exc
+        return _json.loads(text)
+    except _json.JSONError as exc:
+        raise ProviderResponseError(f"{exc}: {text[:200]!r}") from None
 
 
 def _status_error(response: httpx.Response, url: str) -> ProviderStatusError:

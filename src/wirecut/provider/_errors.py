@@ -9,9 +9,13 @@ The tree::
         │                             is False where a retry cannot help)
         ├── ProviderStatusError       an HTTP error status: ``status_code``, ``body``
         │                             (an excerpt) and ``retry_after``
-        ├── ProviderResponseError     a response we cannot read: not JSON, malformed
-        │                             SSE, an error event in the stream
+        ├── ProviderResponseError     a response we cannot read: not JSON, nested too
+        │                             deeply, malformed SSE, an error event in the
+        │                             stream, larger than ``ResponseLimits`` allow
         └── ProviderTimeout           connect, read or write took longer than the timeout
+
+    Every ``ProviderError`` raised by ``ChatClient.chat()`` carries ``usage``:
+    what the requests it sent used, including the one that failed.
 
     BaseException
     └── wirecut.scope.Interrupted     the bound scope was cancelled; passes through
@@ -32,6 +36,7 @@ from collections.abc import Iterator
 import httpx
 
 from wirecut.http import raise_if_cut
+from wirecut.provider._result import Usage
 from wirecut.scope import current_scope
 
 __all__ = [
@@ -48,7 +53,14 @@ BODY_EXCERPT_CHARS = 200
 
 
 class ProviderError(Exception):
-    """The provider, or the way to it, failed; see the subclasses."""
+    """The provider, or the way to it, failed; see the subclasses.
+
+    ``usage`` is what the failed call's requests used (set by
+    ``ChatClient.chat()``; None where no call counted it): tokens that
+    arrived before a stream broke are not lost with the error.
+    """
+
+    usage: Usage | None = None
 
 
 class ProviderConnectionError(ProviderError):

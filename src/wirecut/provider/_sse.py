@@ -1,18 +1,31 @@
-"""Server-sent events: ``iter_sse`` turns the lines of a response into events.
+"""Server-sent events: ``iter_lines`` splits a body into lines, ``iter_sse`` makes events.
 
 Follows the WHATWG event-stream rules that OpenAI-compatible servers rely on:
-``:`` starts a comment, ``data:`` lines accumulate (joined by newlines), an
-empty line dispatches the event, ``event:`` and ``id:`` set its type and id,
-unknown fields are ignored, and one space after the colon is dropped.
-A pure function of its input; call it from any thread.
+a line ends with CRLF, LF or CR; ``:`` starts a comment, ``data:`` lines
+accumulate (joined by newlines), an empty line dispatches the event,
+``event:`` and ``id:`` set its type and id, unknown fields are ignored, and
+one space after the colon is dropped.
+
+Both hold at most one line (one event's data) in memory, and take a bound
+for it: a server that sends a line without end fails with
+``ProviderResponseError`` once the line passes the bound, instead of
+growing the reader until the machine runs out of memory. Pure functions of
+their input; call them from any thread.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-__all__ = ["ServerSentEvent", "iter_sse"]
+from wirecut.provider._errors import ProviderResponseError
+
+__all__ = ["ServerSentEvent", "iter_lines", "iter_sse"]
+
+_LINE_END = re.compile(rb"[\r\n]")
+_CR = 0x0D
+_LF = 0x0A
 
 
 @dataclass(frozen=True)
@@ -24,13 +37,55 @@ class ServerSentEvent:
     id: str | None = None
 
 
-def iter_sse(lines: Iterable[str]) -> Iterator[ServerSentEvent]:
+def iter_lines(chunks: Iterable[bytes], *, max_line_bytes: int | None = None) -> Iterator[str]:
+    """Yield the lines of a UTF-8 byte stream given in ``chunks``, without their endings.
+
+    A line longer than ``max_line_bytes`` raises ``ProviderResponseError``
+    before more than that (plus one chunk) is held. A last line without an
+    ending is yielded too. Invalid UTF-8 is replaced, not raised.
+    """
+    line = bytearray()
+    skip_lf = False  # the previous chunk ended with CR: an LF first is its CRLF
+    for chunk in chunks:
+        if not chunk:
+            continue
+        start = 1 if skip_lf and chunk[0] == _LF else 0
+        skip_lf = False
+        while True:
+            found = _LINE_END.search(chunk, start)
+            end = len(chunk) if found is None else found.start()
+            if max_line_bytes is not None and len(line) + end - start > max_line_bytes:
+                raise ProviderResponseError(
+                    f"an event-stream line is longer than {max_line_bytes} bytes"
+                    " (ResponseLimits.line_bytes)"
+                )
+            line += chunk[start:end]
+            if found is None:
+                break
+            text = line.decode("utf-8", "replace")
+            line.clear()
+            yield text
+            if chunk[end] == _CR:
+                if end + 1 == len(chunk):
+                    skip_lf = True
+                elif chunk[end + 1] == _LF:
+                    end += 1
+            start = end + 1
+    if line:
+        yield line.decode("utf-8", "replace")
+
+
+def iter_sse(
+    lines: Iterable[str], *, max_data_chars: int | None = None
+) -> Iterator[ServerSentEvent]:
     """Yield the events in ``lines`` (without their line endings).
 
     An event still open when the lines end is dispatched too: some servers
-    close the stream without the final blank line.
+    close the stream without the final blank line. An event whose data
+    passes ``max_data_chars`` raises ``ProviderResponseError``.
     """
     data: list[str] = []
+    size = 0
     event = ""
     last_id: str | None = None
     for raw in lines:
@@ -38,7 +93,7 @@ def iter_sse(lines: Iterable[str]) -> Iterator[ServerSentEvent]:
         if not line:
             if data:
                 yield ServerSentEvent("\n".join(data), event or "message", last_id)
-            data, event = [], ""
+            data, size, event = [], 0, ""
             continue
         if line.startswith(":"):
             continue  # A comment (servers send them as keep-alives).
@@ -46,6 +101,12 @@ def iter_sse(lines: Iterable[str]) -> Iterator[ServerSentEvent]:
         if colon and value.startswith(" "):
             value = value[1:]
         if name == "data":
+            size += len(value) + 1
+            if max_data_chars is not None and size > max_data_chars:
+                raise ProviderResponseError(
+                    f"an event's data is longer than {max_data_chars} characters"
+                    " (ResponseLimits.line_bytes)"
+                )
             data.append(value)
         elif name == "event":
             event = value

@@ -9,7 +9,8 @@ tries to start after the cancel. See ``InterruptScope`` for the details and
 The modules: ``_interrupt_scope`` (the scope: cancel, registering, the
 ledger), ``_registration`` (a registration and its kinds), ``_cuttables``
 (what can be cut; sockets and objects), ``_process`` (process groups, /proc,
-``scope.popen``), ``_threads`` (owned threads, the executor, escalation),
+``scope.popen``), ``_reaper`` (kills our process groups if we die first),
+``_threads`` (owned threads, the executor, escalation),
 ``_binding`` (the ContextVar), ``_timers`` (clocks), ``_timeline`` (the
 unwind's events), ``_errors`` (the exception tree).
 """
@@ -19,6 +20,7 @@ from wirecut.scope._binding import (
     NullRegistration,
     bind_scope,
     check,
+    committing,
     current_scope,
     register,
     register_process,
@@ -29,7 +31,8 @@ from wirecut.scope._binding import (
 from wirecut.scope._cuttables import Interruptible, cut_socket
 from wirecut.scope._errors import Interrupted
 from wirecut.scope._interrupt_scope import InterruptScope, ScopeState
-from wirecut.scope._process import ScopedPopen, kill_process_group
+from wirecut.scope._process import ProcStat, ScopedPopen, kill_process_group, proc_stat
+from wirecut.scope._reaper import unwatch_group, watch_group
 from wirecut.scope._registration import Registration
 from wirecut.scope._threads import ScopeExecutor
 from wirecut.scope._timeline import TimelineEvent
@@ -42,6 +45,7 @@ __all__ = [
     "Interruptible",
     "MockClock",
     "NullRegistration",
+    "ProcStat",
     "Registration",
     "ScopeExecutor",
     "ScopeState",
@@ -49,12 +53,16 @@ __all__ = [
     "TimelineEvent",
     "bind_scope",
     "check",
+    "committing",
     "current_scope",
     "cut_socket",
     "kill_process_group",
+    "proc_stat",
     "register",
     "register_process",
     "register_socket",
     "sleep",
+    "unwatch_group",
     "wait",
+    "watch_group",
 ]

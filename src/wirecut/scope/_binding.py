@@ -14,6 +14,7 @@ call them unconditionally and behaves exactly as before outside a host.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import socket
 import subprocess
@@ -31,6 +32,7 @@ __all__ = [
     "NullRegistration",
     "bind_scope",
     "check",
+    "committing",
     "current_scope",
     "enter_scope",
     "exit_scope",
@@ -145,6 +147,12 @@ def check() -> None:
     scope = _current.get()
     if scope is not None:
         scope.check()
+
+
+def committing() -> contextlib.AbstractContextManager[None]:
+    """The bound scope's ``committing()`` block; with none bound, a block that does nothing."""
+    scope = _current.get()
+    return contextlib.nullcontext() if scope is None else scope.committing()
 
 
 def sleep(seconds: float) -> None:

@@ -12,6 +12,7 @@ nested scopes may be thousands deep.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import itertools
 import logging
@@ -30,7 +31,14 @@ from wirecut.scope._cuttables import Cuttable, Interruptible, ObjectCut, SocketC
 from wirecut.scope._errors import Interrupted
 from wirecut.scope._process import ProcessTarget, ScopedPopen, check_grace
 from wirecut.scope._registration import CUT_EVENTS, Kind, Registration, cut_order, kind_of
-from wirecut.scope._threads import ScopeExecutor, raise_in_thread, run_registered, start_thread
+from wirecut.scope._threads import (
+    ScopeExecutor,
+    is_shielded,
+    raise_in_thread,
+    run_registered,
+    shielded,
+    start_thread,
+)
 from wirecut.scope._timeline import TimelineEvent
 from wirecut.scope._timers import SYSTEM_CLOCK, Clock, TimerHandle, is_never
 
@@ -115,6 +123,8 @@ class InterruptScope:
         self._entries = 0  # `with scope:` blocks open now, in any thread
         # Set (under the lock) before the first async Interrupted is raised.
         self._escalated = False
+        # Set once a commit section of this scope or a descendant ended well.
+        self._committed = False
         if parent is not None:
             parent._adopt(self)
         if timeout is not None and not self.cancelled:
@@ -142,6 +152,16 @@ class InterruptScope:
     def cancelled_at(self) -> float | None:
         """``time.monotonic()`` at the cancel, or None while open."""
         return self._cancelled_at
+
+    @property
+    def committed(self) -> bool:
+        """True once a ``committing()`` block of this scope or a descendant ended well.
+
+        The work's effect is durable: a cancel that came after that point came
+        too late to stop it (``cancelled`` may be True as well: requested, not
+        delivered).
+        """
+        return self._committed
 
     @property
     def timeline(self) -> list[tuple[TimelineEvent, float]]:
@@ -324,7 +344,9 @@ class InterruptScope:
                 threads = [
                     reg.target
                     for reg in scope._registrations
-                    if reg.kind is Kind.THREAD and reg.in_user_code
+                    if reg.kind is Kind.THREAD
+                    and reg.in_user_code
+                    and not is_shielded(reg.target.ident)
                 ]
                 # Under the lock: a thread leaving its task takes it first,
                 # so it cannot get Interrupted once it has left.
@@ -380,6 +402,36 @@ class InterruptScope:
         """Raise ``Interrupted`` if the scope is cancelled."""
         if self._state is ScopeState.CANCELLED:
             raise Interrupted(self._reason or "cancelled")
+
+    @contextlib.contextmanager
+    def committing(self) -> Iterator[None]:
+        """The point of no return: the block makes the work's effect durable (a COMMIT).
+
+        Safe from any thread that runs this scope's work. Raises ``Interrupted``
+        without running the block if the scope is cancelled. Otherwise the
+        block runs to its end whatever happens to the scope meanwhile: a
+        cancel is recorded (``cancelled``, ``reason``, the timeline) and cuts
+        what is registered, but escalation does not raise in this thread
+        while it is inside the block. When the block ends without an
+        exception, this scope and its ancestors are ``committed``.
+
+        A host reports committed work as done, with the cancel as a late one:
+        "cancelled" promises that the effect did not happen (trio keeps
+        ``cancel_called`` and ``cancelled_caught`` apart for the same reason).
+
+        Cancellation: nothing inside the block is cut, so keep it short and
+        bounded; the cut waits for its end.
+        """
+        # Shielded before the check: an escalation always follows a cancel,
+        # so a block that passed the check is shielded by the time one comes.
+        with shielded():
+            self.check()
+            yield
+        scope: InterruptScope | None = self
+        while scope is not None:
+            with scope._lock:
+                scope._committed = True
+            scope = scope.parent
 
     def sleep(self, seconds: float) -> None:
         """Sleep ``seconds`` (inf: until cancelled); a cancel raises ``Interrupted`` at once."""
@@ -472,6 +524,23 @@ class InterruptScope:
         reg.active = False
         self._cut_on_entry(reg, reason)
         raise Interrupted(reason)
+
+    # -- the internal interface of registrations and owned threads (``Owner``) -----
+
+    def release(self, reg: Registration) -> None:
+        """End ``reg``; for ``Registration`` and the scope's own modules (``Owner``)."""
+        self._unregister(reg)
+
+    def task_entered(self, reg: Registration) -> None:
+        """The thread of ``reg`` runs the task's code from now on (``Owner``)."""
+        with self._lock:
+            reg.in_user_code = True
+
+    def task_left(self, reg: Registration) -> bool:
+        """The thread of ``reg`` left the task's code; True if escalation may be pending."""
+        with self._lock:
+            reg.in_user_code = False
+            return self._escalated
 
     def _unregister(self, reg: Registration) -> None:
         me = threading.get_ident()

@@ -7,6 +7,8 @@ where the kernel has one (a wakeup, no polling) and polls elsewhere.
 
 A killed group leaves zombies until their parent (or init) reaps them: a
 zombie has exited and is never counted as alive (docs/architecture.md, fact 8).
+Every group ``scope.popen`` starts is watched by the group reaper
+(``_reaper``) until it has ended, so it dies with us even when we are killed.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from wirecut.scope._errors import Interrupted
+from wirecut.scope._reaper import unwatch_group, watch_group
 from wirecut.scope._timers import is_never
 
 if TYPE_CHECKING:
@@ -70,6 +73,9 @@ class ProcStat(NamedTuple):
     state: str  # one letter: R running, S sleeping, D disk, Z zombie, T stopped ...
     ppid: int
     pgid: int
+    #: When it started, in clock ticks since boot (a reused pid has another);
+    #: None where the record is too short to say.
+    start_ticks: int | None = None
 
     @property
     def alive(self) -> bool:
@@ -82,7 +88,8 @@ def parse_stat(pid: int, text: str) -> ProcStat:
     # The command name is in parentheses and may itself hold spaces and ")":
     # the fields start after the last ")".
     fields = text[text.rindex(")") + 2 :].split()
-    return ProcStat(pid, fields[0], int(fields[1]), int(fields[2]))
+    start = int(fields[19]) if len(fields) > 19 else None
+    return ProcStat(pid, fields[0], int(fields[1]), int(fields[2]), start)
 
 
 def proc_stat(pid: int) -> ProcStat | None:
@@ -250,6 +257,8 @@ class ProcessTarget:
         try:
             self.finish_kill()
             self.popen.poll()  # Reap, unless the owner's wait() already does.
+            if self.own_group:
+                unwatch_group(self.popen.pid)  # Dead: nothing for the reaper to do.
         finally:
             self._killed()
 
@@ -313,6 +322,9 @@ class ScopedPopen(subprocess.Popen[Any]):
         scope.check()
         kwargs["start_new_session"] = True
         super().__init__(argv, **kwargs)
+        # Its own session: nothing kills it when we die, unless the reaper
+        # does (a SIGKILL of `wirecut serve` left `sleep 3600` running).
+        watch_group(self.pid)
         self._registration: Registration | None = None
         try:
             self._registration = scope.register_process(self, grace=grace)
@@ -325,6 +337,8 @@ class ScopedPopen(subprocess.Popen[Any]):
             # caller never gets the object to do so.
             with self:
                 pass
+            if not isinstance(exc, Interrupted):
+                unwatch_group(self.pid)  # (A cut's kill unwatches it when done.)
             raise
 
     def wait(self, timeout: float | None = None) -> int:
@@ -344,3 +358,4 @@ class ScopedPopen(subprocess.Popen[Any]):
             if target.own_group:
                 # Nothing the process started outlives it.
                 target.kill_remaining()
+                unwatch_group(self.pid)

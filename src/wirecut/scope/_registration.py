@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from wirecut.scope._cuttables import Cuttable
 from wirecut.scope._timeline import TimelineEvent
 
-if TYPE_CHECKING:
-    from wirecut.scope._interrupt_scope import InterruptScope
-
-__all__ = ["CUT_EVENTS", "Kind", "Registration", "cut_order", "kind_of"]
+__all__ = ["CUT_EVENTS", "Kind", "Owner", "Registration", "cut_order", "kind_of"]
 
 
 class Kind(enum.Enum):
@@ -36,6 +33,24 @@ CUT_EVENTS = {
 ORDER = {kind: i for i, kind in enumerate(Kind)}
 
 
+class Owner(Protocol):
+    """What a registration, and the thread running a registered task, need of their scope.
+
+    ``InterruptScope`` implements it. The scope's other modules (``_threads``,
+    this one) reach the scope through these three methods only, never through
+    its lock or its fields: the scope alone decides what its lock guards.
+    """
+
+    def release(self, reg: Registration) -> None:
+        """End ``reg`` (idempotent); returns once no cut of it runs on another thread."""
+
+    def task_entered(self, reg: Registration) -> None:
+        """The thread of ``reg`` starts running the task's own code: escalation may reach it."""
+
+    def task_left(self, reg: Registration) -> bool:
+        """The thread of ``reg`` left the task's code; True if an escalation may be pending."""
+
+
 class Registration:
     """A handle on one registered thing; leaving it (or ``unregister()``) ends it.
 
@@ -51,9 +66,7 @@ class Registration:
 
     __slots__ = ("_cutting", "_scope", "active", "cuttable", "in_user_code", "kind", "target")
 
-    def __init__(
-        self, scope: InterruptScope, kind: Kind, target: Any, cuttable: Cuttable | None
-    ) -> None:
+    def __init__(self, scope: Owner, kind: Kind, target: Any, cuttable: Cuttable | None) -> None:
         self._scope = scope
         self.kind = kind
         self.target = target
@@ -65,13 +78,13 @@ class Registration:
         self.in_user_code = False
 
     def unregister(self) -> None:
-        self._scope._unregister(self)
+        self._scope.release(self)
 
     def __enter__(self) -> Registration:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._scope._unregister(self)
+        self._scope.release(self)
 
     def __repr__(self) -> str:
         state = "active" if self.active else "ended"

@@ -9,10 +9,12 @@ target of escalation while (and only while) it runs the task's own code.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import contextvars
 import ctypes
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -22,7 +24,15 @@ if TYPE_CHECKING:
     from wirecut.scope._interrupt_scope import InterruptScope
     from wirecut.scope._registration import Registration
 
-__all__ = ["ScopeExecutor", "raise_in_thread", "run_registered", "start_thread", "thread_name"]
+__all__ = [
+    "ScopeExecutor",
+    "is_shielded",
+    "raise_in_thread",
+    "run_registered",
+    "shielded",
+    "start_thread",
+    "thread_name",
+]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -30,6 +40,34 @@ T = TypeVar("T")
 
 def thread_name(scope: InterruptScope) -> str:
     return f"wirecut-{scope.name}" if scope.name else "wirecut-scope"
+
+
+# Threads inside a commit section (``InterruptScope.committing``), with how
+# many sections each has open: escalation passes them by, so an asynchronous
+# Interrupted cannot land between a COMMIT and the code that reports it.
+_shielded: collections.Counter[int] = collections.Counter()
+_shielded_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """Keep escalation out of the calling thread for the block (it may nest)."""
+    me = threading.get_ident()
+    with _shielded_lock:
+        _shielded[me] += 1
+    try:
+        yield
+    finally:
+        with _shielded_lock:
+            _shielded[me] -= 1
+            if not _shielded[me]:
+                del _shielded[me]
+
+
+def is_shielded(ident: int | None) -> bool:
+    """True while thread ``ident`` is inside a ``shielded()`` block."""
+    with _shielded_lock:
+        return ident in _shielded
 
 
 def raise_in_thread(ident: int | None, exc_type: type[BaseException] | None) -> None:
@@ -61,19 +99,16 @@ def run_registered(
     try:
         with bind_scope(scope):
             scope.check()
-            with scope._lock:
-                reg.in_user_code = True
+            scope.task_entered(reg)
             try:
                 return fn(*args, **kwargs)
             finally:
-                with scope._lock:
-                    reg.in_user_code = False
-                if scope._escalated:
+                if scope.task_left(reg):
                     # An escalation may be set but not yet delivered: drop it
                     # rather than let it land in our bookkeeping.
                     raise_in_thread(threading.get_ident(), None)
     finally:
-        scope._unregister(reg)
+        scope.release(reg)
 
 
 def start_thread(
@@ -100,7 +135,7 @@ def start_thread(
     try:
         thread.start()
     except BaseException:
-        scope._unregister(reg)
+        scope.release(reg)
         raise
     return future
 

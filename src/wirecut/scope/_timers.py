@@ -120,13 +120,19 @@ class SystemClock:
             return TimerHandle(math.inf, None)
         handle = TimerHandle(time.monotonic() + max(0.0, delay), callback)
         with self._cond:
+            earliest = self._queue.next_when()
             self._queue.push(handle)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="wirecut-timers", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            elif earliest is None or handle.when < earliest:
+                # The thread sleeps until the earliest deadline: wake it only
+                # for an earlier one. A burst of cancels schedules one
+                # escalation each, and waking the thread for every one made
+                # it fight the canceller for this lock and the GIL.
+                self._cond.notify()
         return handle
 
     def _run(self) -> None:

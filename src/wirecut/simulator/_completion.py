@@ -2,12 +2,14 @@
 
 ``CompletionResponse`` is the ASGI response that the app returns for a valid
 request. It runs on the server's event loop, and it owns the whole life of
-the request: wait for a slot (FIFO), spend ``prompt_ms``, decode at
+the request: wait for a slot (FIFO), process the prompt (``prompt_ms``, or in
+batches at ``prompt_tokens_per_second``), decode at
 ``tokens_per_second``, stream or answer at the end, free the slot.
 
 Peer close: a watcher task reads ``receive()`` until ``http.disconnect``. The
 decode loop looks at what it saw at each token and before each write, like
-llama.cpp, which notices a dead client only when it tries to send. A request
+llama.cpp, which notices a dead client only when it tries to send; the
+prompt phase looks at it between its batches only. A request
 still in the queue stops waiting at once: a client that left never takes a
 slot (llama.cpp #13262 lets it).
 """
@@ -236,7 +238,7 @@ class CompletionResponse(Response):
         model = req.model or cfg.model
         created = int(time.time())
 
-        await _sleep(cfg.prompt_ms / 1000.0, stop)
+        await self._process_prompt(request_id, slot, stop)
         t_first = time.monotonic()
         produced: list[Piece] = []
         n = 0
@@ -282,6 +284,35 @@ class CompletionResponse(Response):
             )
             await _send_json(send, payload, headers)
         self._finish(request_id, RequestState.FINISHED, finish_reason, n)
+
+    async def _process_prompt(self, request_id: str, slot: Slot, stop: asyncio.Event) -> None:
+        """The prompt phase: ``prompt_ms``, or the prompt's tokens in batches at a rate.
+
+        In batches, a client that closed is noticed before each batch and
+        never during one: llama.cpp looks at cancelled tasks only between
+        batches of ``n_batch`` tokens, so a cut waits for the batch under way.
+        """
+        rt, cfg = self._rt, self._rt.config
+        total = count_prompt_tokens(self._request.messages)
+        rate = cfg.prompt_tokens_per_second
+        if rate is None:
+            await _sleep(cfg.prompt_ms / 1000.0, stop)
+            rt.pool.set_prompt(slot, total, total)
+            return
+        rt.pool.set_prompt(slot, 0, total)
+        started = time.monotonic()
+        done = 0
+        while done < total:
+            self._check("prompt")
+            done = min(total, done + cfg.prompt_batch)
+            # Absolute deadlines: the rate does not drift with scheduling delays.
+            await _sleep(started + done / rate - time.monotonic(), stop)
+            if self._rt.shutting_down:
+                raise _Aborted
+            rt.pool.set_prompt(slot, done, total)
+            rt.events.append(
+                EventKind.PROMPT_BATCH, request_id, slot=slot.id, n_prompt=done, of=total
+            )
 
     def _plan(self) -> tuple[Iterator[Piece], int | None, bool]:
         """The tokens to emit, how many at most, and whether that count is the reply's own end."""

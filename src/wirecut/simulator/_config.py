@@ -19,7 +19,15 @@ class SimConfig:
 
     - ``slots``: requests decoded at once; the rest wait in a FIFO queue.
     - ``tokens_per_second``: decode rate of each slot.
-    - ``prompt_ms``: time from taking a slot to the first token.
+    - ``prompt_ms``: time from taking a slot to the first token, whatever the
+      prompt; a client that closed meanwhile is noticed when it has passed.
+    - ``prompt_tokens_per_second``: None keeps ``prompt_ms``. Set, the prompt
+      is processed instead at this rate (its size counted as
+      ``count_prompt_tokens`` does), in batches of ``prompt_batch`` tokens,
+      and a client that closed is noticed only between batches, as llama.cpp
+      notices a cancelled task only between batches of ``n_batch`` tokens
+      (docs/cancellation-limits.md).
+    - ``prompt_batch``: tokens per prompt batch (llama.cpp's default ``n_batch``).
     - ``reply_tokens``: length of a generated reply (``max_tokens`` still caps it).
     - ``endless``: ignore ``reply_tokens``; decode up to the request's
       ``max_tokens``, or without end when it gives none.
@@ -29,6 +37,8 @@ class SimConfig:
     slots: int = 1
     tokens_per_second: float = 20.0
     prompt_ms: float = 300.0
+    prompt_tokens_per_second: float | None = None
+    prompt_batch: int = 2048
     reply_tokens: int = 48
     endless: bool = False
     model: str = "wirecut-sim"
@@ -42,6 +52,19 @@ class SimConfig:
             )
         if not _finite(self.prompt_ms) or self.prompt_ms < 0:
             raise ValueError(f"prompt_ms must be a finite number >= 0, got {self.prompt_ms!r}")
+        if self.prompt_tokens_per_second is not None and (
+            not _finite(self.prompt_tokens_per_second) or self.prompt_tokens_per_second <= 0
+        ):
+            raise ValueError(
+                "prompt_tokens_per_second must be None or a finite number > 0, "
+                f"got {self.prompt_tokens_per_second!r}"
+            )
+        if (
+            isinstance(self.prompt_batch, bool)
+            or not isinstance(self.prompt_batch, int)
+            or self.prompt_batch < 1
+        ):
+            raise ValueError(f"prompt_batch must be an int >= 1, got {self.prompt_batch!r}")
         if (
             isinstance(self.reply_tokens, bool)
             or not isinstance(self.reply_tokens, int)

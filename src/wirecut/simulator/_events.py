@@ -30,6 +30,10 @@ class EventKind(enum.StrEnum):
     REQUEST_QUEUED = "request_queued"
     # The request took a slot (detail: slot).
     SLOT_ACQUIRED = "slot_acquired"
+    # With prompt_tokens_per_second: one batch of the prompt was processed
+    # (detail: slot, n_prompt = prompt tokens processed so far, of = the
+    # prompt's size). A client that closed is noticed only between these.
+    PROMPT_BATCH = "prompt_batch"
     # The prompt time passed and the first token was produced (detail: slot).
     FIRST_TOKEN = "first_token"
     # One more token was decoded (detail: slot, n = tokens so far).

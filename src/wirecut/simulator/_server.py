@@ -8,15 +8,13 @@ main thread until SIGINT or SIGTERM.
 
 from __future__ import annotations
 
-import contextlib
 import enum
-import socket
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 
 import uvicorn
 
+from wirecut._uvicorn import Server, ServerThread, http_base, listen
 from wirecut.simulator._app import Simulator
 from wirecut.simulator._config import SimConfig
 from wirecut.simulator._events import EventKind, SimEvent
@@ -37,41 +35,6 @@ class ServerState(enum.Enum):
     STOPPED = "stopped"
 
 
-class _UvicornServer(uvicorn.Server):
-    """uvicorn, told when it listens and stopping the simulator's work first."""
-
-    def __init__(
-        self,
-        config: uvicorn.Config,
-        simulator: Simulator,
-        on_listening: Callable[[str, int], None],
-    ) -> None:
-        super().__init__(config)
-        self._simulator = simulator
-        self._on_listening = on_listening
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        # A failed bind ends startup with SystemExit, so here it is listening.
-        host, port = self.servers[0].sockets[0].getsockname()[:2]
-        self._on_listening(str(host), int(port))
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        with super().capture_signals():
-            yield
-            # uvicorn re-raises the SIGINT/SIGTERM it caught once it has shut
-            # down; for the simulator a signal is the normal way to stop, so
-            # the process exits 0 rather than dying of the signal again.
-            self._captured_signals.clear()
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        # uvicorn waits for in-flight responses; an endless stream never ends
-        # by itself, so end the simulator's work before that wait.
-        self._simulator.begin_shutdown()
-        await super().shutdown(sockets)
-
-
 def _uvicorn_config(simulator: Simulator, host: str, port: int) -> uvicorn.Config:
     return uvicorn.Config(
         simulator.app,
@@ -84,34 +47,13 @@ def _uvicorn_config(simulator: Simulator, host: str, port: int) -> uvicorn.Confi
     )
 
 
-def _listen(host: str, port: int, backlog: int) -> socket.socket:
-    """A TCP socket listening on ``host:port``, as uvicorn would bind it.
+def _before_shutdown(simulator: Simulator) -> Callable[[], Awaitable[None]]:
+    # uvicorn waits for in-flight responses; an endless stream never ends
+    # by itself, so end the simulator's work before that wait.
+    async def end_work() -> None:
+        simulator.begin_shutdown()
 
-    Bound here rather than by uvicorn so that a failure is a RuntimeError that
-    names the cause (uvicorn logs it and exits the thread with SystemExit).
-    """
-    what = f"simulator could not listen on {host}:{port}"
-    # uvicorn's choice: IPv6 for an address with a colon, else IPv4.
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, family, socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-    except (OSError, OverflowError, UnicodeError) as exc:
-        raise RuntimeError(f"{what}: {getattr(exc, 'strerror', None) or exc}") from exc
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(backlog)
-    except (OSError, OverflowError) as exc:
-        sock.close()
-        raise RuntimeError(f"{what}: {getattr(exc, 'strerror', None) or exc}") from exc
-    return sock
-
-
-def _base_url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return end_work
 
 
 class SimulatorServer:
@@ -140,17 +82,11 @@ class SimulatorServer:
         responder: Responder | None = None,
     ) -> None:
         self.simulator = Simulator(config, responder=responder)
-        self._requested = (host, port)
         self._state = ServerState.NEW
-        self._address: tuple[str, int] | None = None
-        self._listening = threading.Event()
-        self._error: BaseException | None = None
-        self._socket: socket.socket | None = None
-        self._server = _UvicornServer(
-            _uvicorn_config(self.simulator, host, port), self.simulator, self._on_listening
-        )
-        self._thread = threading.Thread(
-            target=self._run, name=f"wirecut-simulator-{host}:{port}", daemon=True
+        self._thread = ServerThread(
+            _uvicorn_config(self.simulator, host, port),
+            what="simulator",
+            before_shutdown=_before_shutdown(self.simulator),
         )
 
     # -- lifecycle --------------------------------------------------------
@@ -170,38 +106,18 @@ class SimulatorServer:
                 f"Cannot start a SimulatorServer that is {self._state.value}; build a new one."
             )
         try:
-            self._socket = _listen(*self._requested, self._server.config.backlog)
-        except RuntimeError:
+            self._thread.start(timeout)
+        except BaseException:
             self._state = ServerState.STOPPED
             raise
         self._state = ServerState.RUNNING
-        self._thread.start()
-        if not self._listening.wait(timeout):
-            self.stop()
-            raise TimeoutError(f"simulator did not start listening within {timeout} s")
-        if self._address is None:
-            self._thread.join(timeout)
-            self._state = ServerState.STOPPED
-            host, port = self._requested
-            raise RuntimeError(
-                f"simulator could not serve on {host}:{port}: {self._error!r}"
-            ) from self._error
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop serving and join the thread. If already stopped this does nothing."""
-        if self._state is ServerState.NEW:
+        if self._state is ServerState.RUNNING:
             self._state = ServerState.STOPPED
-            return
-        if self._state is ServerState.STOPPED:
-            return
-        self._server.should_exit = True
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            self._server.force_exit = True
-            self._thread.join(timeout)
+            self._thread.stop(timeout)
         self._state = ServerState.STOPPED
-        if self._thread.is_alive():
-            raise RuntimeError(f"simulator thread still running {timeout} s after force_exit")
 
     def __enter__(self) -> SimulatorServer:
         self.start()
@@ -228,7 +144,7 @@ class SimulatorServer:
     @property
     def url(self) -> str:
         """The server root, ``http://HOST:PORT`` (for ``/health``, ``/slots``, ``/sim/...``)."""
-        return _base_url(*self._bound())
+        return http_base(*self._bound())
 
     @property
     def base_url(self) -> str:
@@ -277,27 +193,12 @@ class SimulatorServer:
             since,
         )
 
-    # -- the server thread ------------------------------------------------
-
-    def _run(self) -> None:
-        assert self._socket is not None
-        try:
-            with self._socket:
-                self._server.run(sockets=[self._socket])
-        except BaseException as exc:
-            # uvicorn ends a failed startup with SystemExit; report it to start().
-            self._error = exc
-        finally:
-            self._listening.set()
-
-    def _on_listening(self, host: str, port: int) -> None:
-        self._address = (host, port)
-        self._listening.set()
-
     def _bound(self) -> tuple[str, int]:
-        if self._address is None:
-            raise RuntimeError(f"SimulatorServer is {self._state.value}, not listening")
-        return self._address
+        # The address it listened on stays known once it stopped.
+        try:
+            return self._thread.address
+        except RuntimeError:
+            raise RuntimeError(f"SimulatorServer is {self._state.value}, not listening") from None
 
 
 def serve_forever(
@@ -318,10 +219,14 @@ def serve_forever(
 
     def listening(bound_host: str, bound_port: int) -> None:
         if on_listening is not None:
-            on_listening(_base_url(bound_host, bound_port) + "/v1")
+            on_listening(http_base(bound_host, bound_port) + "/v1")
 
-    server = _UvicornServer(_uvicorn_config(simulator, host, port), simulator, listening)
-    with _listen(host, port, server.config.backlog) as sock:
+    server = Server(
+        _uvicorn_config(simulator, host, port),
+        on_listening=listening,
+        before_shutdown=_before_shutdown(simulator),
+    )
+    with listen(host, port, server.config.backlog, what="simulator") as sock:
         try:
             server.run(sockets=[sock])
         except SystemExit as exc:

@@ -26,6 +26,10 @@ class Slot:
     # (llama.cpp keeps the last count until the slot is reused).
     n_decoded: int = 0
     request_id: str | None = None
+    # The current (or last) prompt's size and how much of it was processed,
+    # under llama.cpp's /slots names.
+    n_prompt_tokens: int = 0
+    n_prompt_tokens_processed: int = 0
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -33,6 +37,8 @@ class Slot:
             "is_processing": self.is_processing,
             "n_decoded": self.n_decoded,
             "request_id": self.request_id,
+            "n_prompt_tokens": self.n_prompt_tokens,
+            "n_prompt_tokens_processed": self.n_prompt_tokens_processed,
         }
 
 
@@ -117,8 +123,13 @@ class SlotPool:
         with self._lock:
             slot.n_decoded = n_decoded
 
+    def set_prompt(self, slot: Slot, processed: int, total: int) -> None:
+        with self._lock:
+            slot.n_prompt_tokens = total
+            slot.n_prompt_tokens_processed = processed
+
     def snapshot(self) -> list[dict[str, object]]:
-        """Each slot as ``{"id", "is_processing", "n_decoded", "request_id"}``; any thread."""
+        """Each slot as ``Slot.to_json()`` gives it; any thread."""
         with self._lock:
             return [slot.to_json() for slot in self._slots]
 
@@ -126,6 +137,7 @@ class SlotPool:
         with self._lock:
             slot.is_processing = True
             slot.n_decoded = 0
+            slot.n_prompt_tokens = slot.n_prompt_tokens_processed = 0
             slot.request_id = request_id
         return slot
 

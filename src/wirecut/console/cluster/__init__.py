@@ -16,21 +16,26 @@ from wirecut.console.cluster._connect import (
     connect,
     disconnect,
 )
-from wirecut.console.cluster._host import CommandHost, HostConfig, HostIdentity, NodeWarden
+from wirecut.console.cluster._host import (
+    CommandHost,
+    HostConfig,
+    HostIdentity,
+    HostReceipt,
+    NodeWarden,
+)
 from wirecut.console.cluster._pool import NAMESPACE, Host, HostPool, HostState
 from wirecut.console.cluster._remote import Outcome, RemoteJob
 from wirecut.console.cluster._runner import (
     LEASE_SECONDS,
-    ClusterCommand,
     ClusterRunner,
     ProviderSpec,
+    RemoteCommand,
     placement,
 )
 
 __all__ = [
     "LEASE_SECONDS",
     "NAMESPACE",
-    "ClusterCommand",
     "ClusterRunner",
     "ClusterUnavailable",
     "CommandHost",
@@ -38,10 +43,12 @@ __all__ = [
     "HostConfig",
     "HostIdentity",
     "HostPool",
+    "HostReceipt",
     "HostState",
     "NodeWarden",
     "Outcome",
     "ProviderSpec",
+    "RemoteCommand",
     "RemoteJob",
     "address_problem",
     "connect",

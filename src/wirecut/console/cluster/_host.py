@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import queue
@@ -40,68 +41,67 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import ray
 
-from wirecut.console.commands import (
-    CommandContext,
-    CommandError,
-    Services,
-    Session,
-    Stream,
-    UsageError,
-    command,
-)
+from wirecut.console.commands import CommandContext, Services, Session, Stream
 from wirecut.console.runner import (
-    CommandRecord,
+    Command,
     CommandRunner,
-    RunningCommand,
+    CompleteFacts,
+    LocalCommand,
+    Reason,
+    RunnerLimits,
     route_stdio,
 )
+from wirecut.provider import ProviderSpec
+from wirecut.scope import proc_stat
 
 __all__ = [
     "MODEL_REQUEST",
     "CommandHost",
     "HostConfig",
     "HostIdentity",
+    "HostReceipt",
     "NodeWarden",
-    "process_start_ticks",
 ]
 
 _log = logging.getLogger("wirecut.cluster")
 
-#: The line of the job that makes one model request for a command whose
-#: store stays in the serve process (``curator run --consolidate``). It is
-#: registered only in host processes, so no user line can name it.
-MODEL_REQUEST = "wirecut-model-request"
+#: The label (in ``jobs`` and logs) of the job that makes one model request
+#: for a command whose store stays in the serve process (``curator run
+#: --consolidate``). It is sent as a callable, not a line: no user line runs it.
+MODEL_REQUEST = "(model request)"
 #: How long a finished job's receipt is kept for a late ``receipt`` call.
 RECEIPT_KEEP = 256
 #: How long a tombstone (a job cancelled before it reached the host) is kept.
 TOMBSTONE_SECONDS = 600.0
 #: How long a command's output may wait for more before it is sent, in seconds.
 OUTPUT_GATHER = 0.025
+#: How long an ending host waits for its job streams to hand over their receipts.
+RECEIPT_GRACE = 2.0
 #: How often the lease watchdog looks at the clock, in seconds.
 LEASE_TICK = 0.1
 
 
 @dataclass(frozen=True)
 class HostConfig:
-    """What a command host needs to know; sent once, when Ray creates the actor."""
+    """What a command host needs to know; sent once, when Ray creates the actor.
 
-    base_url: str
-    api_key: str | None
-    model: str | None
-    provider_label: str
-    max_tokens: int
-    #: Commands the host runs at once (its ``commands`` concurrency group).
-    slots: int
-    unwind_timeout: float
-    escalate_after: float | None
-    #: The host's own backstop for a command's running time; the serve
-    #: process decides timeouts, this only ends a command it forgot.
-    command_timeout: float
+    ``limits`` are the host runner's: ``workers`` is how many commands it runs
+    at once (its ``commands`` concurrency group), and ``command_timeout`` only
+    a backstop for a command the serve process forgot (that process decides
+    the timeouts).
+    """
+
+    provider: ProviderSpec
+    limits: RunnerLimits
     lease_seconds: float
+
+    @property
+    def slots(self) -> int:
+        return self.limits.workers
 
 
 @dataclass(frozen=True)
@@ -114,27 +114,6 @@ class HostIdentity:
     #: The process's start time in clock ticks since boot (/proc/PID/stat,
     #: field 22): a pid reused by another process has another start time.
     start_ticks: int | None
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """Start time of process ``pid`` in clock ticks since boot, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ")".
-    fields = stat.rsplit(b")", 1)[1].split()
-    return int(fields[19])
-
-
-def _process_state(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return stat.rsplit(b")", 1)[1].split()[0].decode()
 
 
 def _where() -> tuple[str, str]:
@@ -162,19 +141,40 @@ class NodeWarden:
         A zombie counts as gone: it runs nothing and holds no socket. A pid
         now used by a process with another start time counts as gone too.
         """
-        state = _process_state(pid)
-        if state is None or state in ("Z", "X"):
+        stat = proc_stat(pid)
+        if stat is None or stat.state in ("Z", "X"):
             return True
-        return start_ticks is not None and process_start_ticks(pid) != start_ticks
+        return start_ticks is not None and stat.start_ticks != start_ticks
 
 
-class _NoStore:
-    """The ``Services.store`` of a host: the note store stays with the serve process."""
+@dataclass(frozen=True)
+class HostReceipt:
+    """The last item of a job's stream: how it ended on the host (sent through Ray as is).
 
-    def __getattr__(self, name: str) -> Any:
-        raise CommandError(
-            "the note store stays with the serve process; this command cannot run on a cluster host"
-        )
+    ``facts`` are the host runner's ``complete`` of the job; ``host`` says
+    where it ran (node, node_ip, pid) and, for a cancelled job, the host's own
+    ``cancel_to_complete_ms``; ``chat_history`` is the session's history when
+    the job changed it; ``result`` what a model request's callable returned.
+    """
+
+    facts: CompleteFacts
+    host: dict[str, Any]
+    chat_history: list[dict[str, Any]] | None = None
+    result: Any = None
+
+    @classmethod
+    def unstarted(cls, identity: HostIdentity, reason: Reason) -> HostReceipt:
+        """A job that never ran here (tombstoned, or refused after the lease ended)."""
+        return cls(CompleteFacts.unstarted(reason, elapsed_ms=0.0), _where_ran(identity))
+
+    @classmethod
+    def failed(cls, identity: HostIdentity, message: str) -> HostReceipt:
+        """A job this host could not take."""
+        return cls(CompleteFacts.failed(message, elapsed_ms=0.0), _where_ran(identity))
+
+
+def _where_ran(identity: HostIdentity) -> dict[str, Any]:
+    return {"node": identity.node_id, "node_ip": identity.node_ip, "pid": identity.pid}
 
 
 @dataclass(eq=False)
@@ -183,12 +183,10 @@ class _Job:
 
     id: str
     news: queue.SimpleQueue[tuple[Any, ...]] = field(default_factory=queue.SimpleQueue)
-    record: RunningCommand | None = None
+    record: LocalCommand | None = None
     session: Session | None = None
     history_sent: list[dict[str, Any]] = field(default_factory=list)
-    payload: Any = None
-    result: Any = None
-    receipt: dict[str, Any] | None = None
+    receipt: HostReceipt | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -199,53 +197,34 @@ class _JobSink:
         self._host = host
         self._job = job
 
-    def started(self, command: CommandRecord) -> None:
+    def started(self, command: Command) -> None:
         self._job.news.put(("started",))
 
-    def output(self, command: CommandRecord, stream: Stream, data: str) -> None:
+    def output(self, command: Command, stream: Stream, data: str) -> None:
         self._job.news.put(("output", stream, data))
 
-    def confirm_required(self, command: CommandRecord, message: str) -> None:
+    def confirm_required(self, command: Command, message: str) -> None:
         self._job.news.put(("confirm", message))
 
-    def complete(self, command: CommandRecord, facts: dict[str, Any]) -> None:
+    def complete(self, command: Command, facts: CompleteFacts) -> None:
         self._host._finish(self._job, facts)
 
 
-_current_host: CommandHost | None = None
-_registered = threading.Lock()
-
-
-def _register_model_request() -> None:
-    # Once per process: the registry is process-wide and refuses a second registration.
-    with _registered:
-        from wirecut.console.commands import commands
-
-        if any(c.name == MODEL_REQUEST for c in commands()):
-            return
-        command(MODEL_REQUEST, usage=MODEL_REQUEST, summary="(cluster) one model request")(
-            _model_request
-        )
-
-
-def _model_request(ctx: CommandContext, args: list[str]) -> None:
+def _model_request(
+    messages: list[dict[str, Any]], params: dict[str, Any], ctx: CommandContext
+) -> Any:
     """One ``ChatClient.chat`` for a command whose other steps run in the serve process.
 
     The messages and parameters came with the job; the reply (a
-    ``ChatResult``, also a cut one) goes back in the receipt.
+    ``ChatResult``, also a cut one) is returned, and goes back in the receipt.
     """
-    if args:
-        raise UsageError(f"usage: {MODEL_REQUEST}")
-    host = _current_host
-    if host is None:
-        raise CommandError("not on a command host")
-    messages, params = host._payload(ctx.id)
+    params = dict(params)
     stream = bool(params.pop("stream", True))
     result = ctx.services.chat_client().chat(
         messages, stream=stream, on_token=ctx.token if stream else None, **params
     )
     ctx.add_usage(result.usage)
-    host._keep_result(ctx.id, result)
+    return result
 
 
 class CommandHost:
@@ -257,30 +236,15 @@ class CommandHost:
     """
 
     def __init__(self, config: HostConfig) -> None:
-        global _current_host
-        from wirecut.provider import ChatClient
-
-        _register_model_request()
-        _current_host = self
         self.config = config
         node_id, ip = _where()
         pid = os.getpid()
-        self.identity = HostIdentity(node_id, ip, pid, process_start_ticks(pid))
-        client = ChatClient(config.base_url, api_key=config.api_key, model=config.model)
-        services = Services(
-            store=cast(Any, _NoStore()),
-            chat_client=lambda: client,
-            model=config.model,
-            provider_label=config.provider_label,
-            max_tokens=config.max_tokens,
-        )
-        self._runner = CommandRunner(
-            services,
-            workers=config.slots,
-            command_timeout=config.command_timeout,
-            unwind_timeout=config.unwind_timeout,
-            escalate_after=config.escalate_after,
-        )
+        stat = proc_stat(pid)
+        self.identity = HostIdentity(node_id, ip, pid, None if stat is None else stat.start_ticks)
+        client = config.provider.client()
+        # The note store stays with the serve process: no command here touches it.
+        services = Services.of(None, config.provider, lambda: client)
+        self._runner = CommandRunner(services, limits=config.limits)
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(
             target=self._loop.run_forever, name="wirecut-host-loop", daemon=True
@@ -292,8 +256,12 @@ class CommandHost:
         self._stdio.__enter__()
         # Guards the jobs, the receipts, the tombstones and the lease state.
         self._lock = threading.Lock()
+        # Job streams not yet over; the lease's end waits (bounded) for them
+        # to hand over their receipts before this actor ends.
+        self._streams = 0
+        self._streams_done = threading.Condition(self._lock)
         self._jobs: dict[str, _Job] = {}
-        self._receipts: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._receipts: OrderedDict[str, HostReceipt] = OrderedDict()
         self._tombstones: dict[str, float] = {}
         self._last_renew = time.monotonic()
         self._expired = False
@@ -323,15 +291,28 @@ class CommandHost:
         Cancellation: through ``cancel`` (control group); ``ray.cancel`` is
         not used on a running job.
         """
-        job = _Job(job_id, payload=payload)
+        job = _Job(job_id)
+        refused: HostReceipt | None = None
         with self._lock:
+            self._streams += 1
             if job_id in self._tombstones or self._expired:
-                receipt = _unstarted_receipt(self.identity, "shutdown" if self._expired else None)
-                yield [("complete", receipt)]
+                why = Reason.SHUTDOWN if self._expired else Reason.USER
+                refused = HostReceipt.unstarted(self.identity, why)
+            else:
+                self._jobs[job_id] = job
+                # Under the lock: a cancel that sees the job queues its call after this one.
+                self._loop.call_soon_threadsafe(self._submit, job, line, history or [], payload)
+        try:
+            if refused is not None:
+                yield [("complete", refused)]
                 return
-            self._jobs[job_id] = job
-            # Under the lock: a cancel that sees the job queues its call after this one.
-            self._loop.call_soon_threadsafe(self._submit, job, line, history or [])
+            yield from self._stream(job)
+        finally:
+            with self._lock:
+                self._streams -= 1
+                self._streams_done.notify_all()
+
+    def _stream(self, job: _Job) -> Iterator[list[tuple[Any, ...]]]:
         while True:
             batch = [job.news.get()]
             if batch[0][0] == "output":
@@ -351,30 +332,41 @@ class CommandHost:
             if batch[-1][0] == "complete":
                 return
 
-    def _submit(self, job: _Job, line: str, history: list[dict[str, Any]]) -> None:
+    def _submit(self, job: _Job, line: str, history: list[dict[str, Any]], payload: Any) -> None:
         # On the host loop.
         job.session = Session(chat_history=[dict(m) for m in history])
         job.history_sent = [dict(m) for m in history]
+        sink = _JobSink(self, job)
         try:
-            job.record = self._runner.submit(job.id, line, job.session, _JobSink(self, job))
+            if payload is None:
+                record = self._runner.submit(job.id, line, job.session, sink)
+            else:
+                messages, params = payload
+                work = functools.partial(_model_request, messages, params)
+                record = self._runner.submit_call(
+                    job.id, work, job.session, sink, label=MODEL_REQUEST
+                )
         except Exception as exc:  # the runner is shutting down (lease expired)
-            self._finish(job, _error_receipt(self.identity, str(exc)))
+            self._settle(job, HostReceipt.failed(self.identity, str(exc)))
+            return
+        assert isinstance(record, LocalCommand)
+        job.record = record
 
-    def _finish(self, job: _Job, facts: dict[str, Any]) -> None:
+    def _finish(self, job: _Job, facts: CompleteFacts) -> None:
         # On the host loop: the job's one complete, from its runner.
         record = job.record
-        receipt = dict(facts)
-        host: dict[str, Any] = {"node": self.identity.node_id, "node_ip": self.identity.node_ip}
-        host["pid"] = self.identity.pid
+        host = _where_ran(self.identity)
         if record is not None and record.completed_at is not None:
             cancelled_at = record.scope.cancelled_at
             if cancelled_at is not None:
                 host["cancel_to_complete_ms"] = (record.completed_at - cancelled_at) * 1000
-        receipt["host"] = host
+        history = None
         if job.session is not None and job.session.chat_history != job.history_sent:
-            receipt["chat_history"] = job.session.chat_history
-        if job.result is not None:
-            receipt["result"] = job.result
+            history = job.session.chat_history
+        result = record.result if record is not None else None
+        self._settle(job, HostReceipt(facts, host, history, result))
+
+    def _settle(self, job: _Job, receipt: HostReceipt) -> None:
         with self._lock:
             job.receipt = receipt
             self._jobs.pop(job.id, None)
@@ -383,20 +375,6 @@ class CommandHost:
                 self._receipts.popitem(last=False)
         job.done.set()
         job.news.put(("complete", receipt))
-
-    def _payload(self, job_id: str) -> Any:
-        with self._lock:
-            job = self._jobs.get(job_id)
-        if job is None or job.payload is None:
-            raise CommandError(f"job {job_id!r} came without its payload")
-        messages, params = job.payload
-        return messages, dict(params)
-
-    def _keep_result(self, job_id: str, result: Any) -> None:
-        with self._lock:
-            job = self._jobs.get(job_id)
-            if job is not None:
-                job.result = result
 
     # -- control group ----------------------------------------------------------------
 
@@ -411,7 +389,7 @@ class CommandHost:
         finished). Never blocks on a command.
         """
         answers: list[tuple[str, Any]] = []
-        cut: list[tuple[RunningCommand, str]] = []
+        cut: list[tuple[LocalCommand, str]] = []
         now = time.monotonic()
         with self._lock:
             self._prune_tombstones(now)
@@ -430,7 +408,8 @@ class CommandHost:
                     answers.append(("done", self._receipts[job_id]))
                 else:
                     self._tombstones[job_id] = now
-                    answers.append(("dropped", _unstarted_receipt(self.identity, reason)))
+                    dropped = HostReceipt.unstarted(self.identity, Reason(reason))
+                    answers.append(("dropped", dropped))
         for record, reason in cut:
             record.scope.cancel(reason)
         return answers
@@ -453,7 +432,7 @@ class CommandHost:
         return asyncio.run_coroutine_threadsafe(on_loop(), self._loop).result(5)
 
     @ray.method(concurrency_group="control")
-    def receipt(self, job_id: str, timeout: float) -> dict[str, Any] | None:
+    def receipt(self, job_id: str, timeout: float) -> HostReceipt | None:
         """(``control`` group) The receipt of ``job_id``, waiting up to ``timeout`` seconds.
 
         For a serve process whose stream of the job broke: None if the job
@@ -500,12 +479,16 @@ class CommandHost:
         _log.warning("lease expired: cancelling every command (reason shutdown)")
         future = asyncio.run_coroutine_threadsafe(self._runner.shutdown("shutdown"), self._loop)
         with contextlib.suppress(Exception):
-            future.result(self.config.unwind_timeout + 5)
+            future.result(self.config.limits.unwind_timeout + 5)
         self._exit()
 
     def _exit(self) -> None:
-        # The commands are done (or past their bound): end this actor, so that
-        # a detached host does not outlive the serve process that owned it.
+        # The commands are done (or past their bound). Their streams hand
+        # over the receipts first (bounded), in case the serve process is
+        # only slow; then end this actor, so that a detached host does not
+        # outlive the serve process that owned it.
+        with self._streams_done:
+            self._streams_done.wait_for(lambda: self._streams == 0, RECEIPT_GRACE)
         with contextlib.suppress(Exception):
             ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
         time.sleep(5)
@@ -522,28 +505,3 @@ async def _start(runner: CommandRunner) -> None:
     # Not a method: Ray makes an actor with any ``async def`` method an asyncio
     # actor, whose sync methods then run on its event loops, one at a time.
     runner.start()
-
-
-def _unstarted_receipt(identity: HostIdentity, reason: str | None) -> dict[str, Any]:
-    """The receipt of a job that never ran here: no worker ran it, nothing was asked of anyone."""
-    return {
-        "status": "cancelled",
-        "error": None,
-        "elapsed_ms": 0.0,
-        "reason": reason,
-        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "requests": 0},
-        "lifecycle": {
-            "worker_exited": True,
-            "open_requests": 0,
-            "open_processes": 0,
-            "started": False,
-        },
-        "host": {"node": identity.node_id, "node_ip": identity.node_ip, "pid": identity.pid},
-    }
-
-
-def _error_receipt(identity: HostIdentity, message: str) -> dict[str, Any]:
-    receipt = _unstarted_receipt(identity, None)
-    receipt["status"] = "error"
-    receipt["error"] = message
-    return receipt

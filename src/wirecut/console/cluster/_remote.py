@@ -14,7 +14,7 @@ kills the host and asks that node's warden whether the process is gone: the
 ``Outcome`` then says ``exited`` True (confirmed), False (seen running) or
 None (nobody could tell), never True on a guess.
 
-``facts`` turns an outcome into the ``complete`` frame's fields.
+``remote_facts`` turns an outcome into the command's ``CompleteFacts``.
 """
 
 from __future__ import annotations
@@ -29,29 +29,33 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, RayError, TaskCancelledError
 
+from wirecut.console.cluster._host import HostReceipt
 from wirecut.console.cluster._pool import Host, HostPool, HostState
 from wirecut.console.commands import Stream
+from wirecut.console.runner import (
+    CompleteFacts,
+    Ending,
+    Lifecycle,
+    Reason,
+    Status,
+    TimelineStep,
+    UsageFacts,
+    decide,
+    make_timeline,
+)
 
-__all__ = ["Outcome", "RemoteJob", "facts"]
+__all__ = ["Outcome", "RemoteJob", "remote_facts"]
 
 #: Between two tries to reach a host whose stream of a job broke, in seconds.
 RECOVER_POLL = 0.2
-#: Protocol reason -> status of a command that did not finish by itself.
-STATUS_BY_REASON = {
-    "user": "cancelled",
-    "timeout": "timeout",
-    "disconnect": "cancelled",
-    "shutdown": "cancelled",
-    "lost": "error",
-}
 
 
 @dataclass
 class Outcome:
     """How a remote job ended, as far as the serve process could confirm."""
 
-    #: The host's ``complete`` facts of the job (None: none came).
-    receipt: dict[str, Any] | None = None
+    #: The host's receipt of the job (None: none came).
+    receipt: HostReceipt | None = None
     #: When the receipt arrived here (``time.monotonic()``).
     receipt_at: float | None = None
     #: The job had not reached the host when cancelled: tombstoned, it never ran.
@@ -103,9 +107,9 @@ class RemoteJob:
         self.on_confirm = on_confirm
         self.on_news = on_news
         self.started = False
-        self.receipt: dict[str, Any] | None = None
+        self.receipt: HostReceipt | None = None
         self.receipt_at: float | None = None
-        self.dropped: dict[str, Any] | None = None
+        self.dropped: HostReceipt | None = None
         #: Why the stream of the job ended without its receipt.
         self.broken: BaseException | None = None
         self.host_dead = False
@@ -165,7 +169,7 @@ class RemoteJob:
         elif kind == "complete":
             self._set_receipt(item[1])
 
-    def _set_receipt(self, receipt: dict[str, Any]) -> None:
+    def _set_receipt(self, receipt: HostReceipt) -> None:
         if self.receipt is None:
             self.receipt = receipt
             self.receipt_at = time.monotonic()
@@ -231,7 +235,7 @@ class RemoteJob:
                 recovery.cancel()
         outcome = self.outcome()
         receipt = self.receipt
-        leaked = receipt is not None and receipt["lifecycle"].get("worker_exited") is not True
+        leaked = receipt is not None and receipt.facts.lifecycle.worker_exited is not True
         if (receipt is None and self.dropped is None) or leaked:
             outcome.killed_at = time.monotonic()
             outcome.exited = await self.pool.kill(self.host)
@@ -277,7 +281,7 @@ class RemoteJob:
             node_ip=self.host.node_ip,
         )
         if receipt is not None:
-            outcome.started = bool(receipt["lifecycle"].get("started"))
+            outcome.started = bool(receipt.facts.lifecycle.started)
         elif self.started:
             outcome.started = True
         return outcome
@@ -290,83 +294,104 @@ class RemoteJob:
             self._reader.cancel()
 
 
-def facts(
+def remote_facts(
     outcome: Outcome,
     *,
-    reason: str | None,
+    reason: Reason | None,
     cancelled_at: float | None,
     elapsed_ms: float,
-) -> dict[str, Any]:
-    """The ``complete`` fields of a remote command whose job ended as ``outcome``.
+) -> CompleteFacts:
+    """The ``complete`` of a remote command whose job ended as ``outcome``.
 
-    ``reason`` is the serve process's (None: it did not cancel the command);
-    ``cancelled_at`` when it did (``time.monotonic()``). The host's steps are
-    placed on the command's timeline at the latest time the receipt allows
-    (its arrival minus the host's own cancel-to-complete time), so a step is
-    never shown earlier than it can have happened.
+    ``reason`` is the serve process's cancel (None: it did not cancel the
+    command); ``cancelled_at`` when it did (``time.monotonic()``). The status
+    follows how the job ended on its host (``decide``): a job the host saw
+    return, or commit, is ``ok`` with the cancel as ``late_cancel``. The
+    host's steps are placed on the command's timeline at the latest time the
+    receipt allows (its arrival minus the host's own cancel-to-complete
+    time), so a step is never shown earlier than it can have happened.
     """
     receipt = outcome.receipt
-    remote = receipt["lifecycle"] if receipt is not None else {}
+    remote = receipt.facts if receipt is not None else None
     error: str | None = None
+    late: Reason | None = None
     if outcome.lost:
-        status, reason = "error", "lost"
+        status, reason = Status.ERROR, Reason.LOST
         error = f"the command host on node {outcome.node_ip or outcome.node} was lost"
-    elif reason is None and receipt is not None:
-        status, error, reason = receipt["status"], receipt["error"], receipt["reason"]
+    elif remote is not None and (reason is None or reason is not Reason.LOST):
+        if reason is None:
+            status, error, reason = remote.status, remote.error, remote.reason
+            late = remote.late_cancel
+        else:
+            status, reason, late = decide(_ending(remote), reason, committed=_committed(remote))
+            error = remote.error if status is Status.ERROR else None
     else:
-        status = STATUS_BY_REASON.get(reason or "", "cancelled")
-        if reason == "lost":
+        assert reason is not None
+        status = reason.status
+        if reason is Reason.LOST:
             error = f"the stream from the command host on node {outcome.node_ip} broke"
-    lifecycle: dict[str, Any] = {
-        "worker_exited": remote.get("worker_exited") if receipt is not None else None,
-        "open_requests": remote.get("open_requests") if receipt is not None else None,
-        "open_processes": remote.get("open_processes") if receipt is not None else None,
-        "started": outcome.started,
-    }
-    if "open_threads" in remote:
-        lifecycle["open_threads"] = remote["open_threads"]
+    life = remote.lifecycle if remote is not None else Lifecycle.unknown()
+    worker_exited = life.worker_exited
+    open_requests = life.open_requests
+    open_threads = life.open_threads
+    force_killed = None
     if outcome.killed_at is not None:
-        lifecycle["force_killed"] = outcome.exited is True
-        lifecycle["worker_exited"] = outcome.exited
+        force_killed = outcome.exited is True
+        worker_exited = outcome.exited
         if outcome.exited:
-            lifecycle["open_requests"] = 0  # Its sockets went with the process.
-            lifecycle.pop("open_threads", None)
-    lifecycle["node"] = outcome.node
-    lifecycle["node_ip"] = outcome.node_ip
+            open_requests = 0  # Its sockets went with the process.
+            open_threads = None
+    steps = None
     if cancelled_at is not None:
-        lifecycle["timeline"] = _timeline(outcome, cancelled_at)
-    elif receipt is not None and "timeline" in remote:
-        lifecycle["timeline"] = remote["timeline"]  # The host ended it by itself.
-    usage = dict(receipt["usage"]) if receipt is not None else {}
-    return {
-        "status": status,
-        "error": error,
-        "elapsed_ms": round(elapsed_ms, 3),
-        "reason": reason,
-        "usage": {
-            "prompt_tokens": usage.get("prompt_tokens", 0),
-            "completion_tokens": usage.get("completion_tokens", 0),
-            "requests": usage.get("requests", 0),
-        },
-        "lifecycle": lifecycle,
-    }
+        steps = _timeline(outcome, cancelled_at)
+    elif remote is not None:
+        steps = life.timeline  # The host ended it by itself.
+    lifecycle = Lifecycle(
+        worker_exited=worker_exited,
+        open_requests=open_requests,
+        open_processes=life.open_processes,
+        started=outcome.started,
+        timeline=steps,
+        open_threads=open_threads,
+        node=outcome.node,
+        node_ip=outcome.node_ip,
+        force_killed=force_killed,
+    )
+    if remote is not None:
+        usage = remote.usage
+    elif outcome.dropped:
+        usage = UsageFacts()
+    else:
+        usage = UsageFacts(None, None, None)  # Its host is gone: nobody can count.
+    return CompleteFacts(status, error, elapsed_ms, reason, usage, lifecycle, late_cancel=late)
 
 
-def _timeline(outcome: Outcome, cancelled_at: float) -> list[dict[str, Any]]:
+def _ending(facts: CompleteFacts) -> Ending:
+    """How the job ended on its host, read from the host's ``complete``."""
+    if facts.status is Status.OK:
+        return Ending.RETURNED
+    if facts.status is Status.ERROR and facts.reason is None:
+        return Ending.FAILED
+    return Ending.CUT
+
+
+def _committed(facts: CompleteFacts) -> bool:
+    # The host reports a commit that a cancel came too late for as a late cancel.
+    return facts.late_cancel is not None
+
+
+def _timeline(outcome: Outcome, cancelled_at: float) -> tuple[TimelineStep, ...]:
     steps: list[tuple[str, float]] = [("cancel_requested", 0.0)]
     receipt = outcome.receipt
-    host = receipt.get("host", {}) if receipt is not None else {}
-    remote_steps = receipt["lifecycle"].get("timeline") if receipt is not None else None
-    to_complete = host.get("cancel_to_complete_ms")
+    remote_steps = receipt.facts.lifecycle.timeline if receipt is not None else None
+    to_complete = receipt.host.get("cancel_to_complete_ms") if receipt is not None else None
     if remote_steps and outcome.receipt_at is not None and to_complete is not None:
         base = max(0.0, (outcome.receipt_at - cancelled_at) * 1000 - float(to_complete))
         for step in remote_steps:
-            event = step["event"]
-            name = "host_cancelled" if event == "cancel_requested" else str(event)
-            steps.append((name, base + float(step["ms"])))
+            name = "host_cancelled" if step.event == "cancel_requested" else step.event
+            steps.append((name, base + step.ms))
     if outcome.killed_at is not None:
         steps.append(("host_killed", (outcome.killed_at - cancelled_at) * 1000))
         if outcome.exited and outcome.exited_at is not None:
             steps.append(("worker_exited", (outcome.exited_at - cancelled_at) * 1000))
-    steps.sort(key=lambda step: step[1])
-    return [{"event": event, "ms": round(max(ms, 0.0), 3)} for event, ms in steps]
+    return make_timeline(steps)

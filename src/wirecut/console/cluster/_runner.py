@@ -1,4 +1,8 @@
-"""``ClusterRunner``: the ``Runner`` contract with the commands on a Ray cluster.
+"""``ClusterRunner``: the runner core with the commands on a Ray cluster.
+
+The same core (``wirecut.console.runner.RunnerCore``) as ``CommandRunner``,
+with three placements: ``HostPlacement`` (a command host), the local
+``ThreadPlacement`` and ``SplitPlacement`` (both this process's threads).
 
 The console, its WebSocket, each command's lifecycle (the table in
 ``wirecut.console.runner._lifecycle``) and its one ``complete`` stay in the
@@ -42,7 +46,7 @@ import logging
 import math
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
@@ -51,21 +55,26 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from wirecut.console.cluster._host import HostConfig
 from wirecut.console.cluster._pool import KILL_CONFIRM, Host, HostPool
-from wirecut.console.cluster._remote import Outcome, RemoteJob, facts
-from wirecut.console.cluster._split import SplitCommands
-from wirecut.console.commands import CommandError, Services, Session, Stream, parse
+from wirecut.console.cluster._remote import Outcome, RemoteJob, remote_facts
+from wirecut.console.cluster._split import RemoteBounds, SplitCommands, SplitPlacement
+from wirecut.console.commands import CommandSet, Services, Session, builtin_commands
 from wirecut.console.runner import (
+    Command,
     CommandEvent,
-    CommandLifecycle,
-    CommandRunner,
-    CommandSink,
     CommandState,
-    OutputBuffer,
+    CompleteFacts,
+    Placement,
+    Reason,
+    RunnerCore,
+    RunnerLimits,
     RunnerObserver,
-    RunningCommand,
+    ThreadPlacement,
 )
+from wirecut.console.runner._core import Accepted, Work
+from wirecut.console.runner._lifecycle import CommandEvent as _Event
+from wirecut.provider import ProviderSpec
 
-__all__ = ["LEASE_SECONDS", "ClusterCommand", "ClusterRunner", "ProviderSpec", "placement"]
+__all__ = ["LEASE_SECONDS", "ClusterRunner", "ProviderSpec", "RemoteCommand", "placement"]
 
 _log = logging.getLogger("wirecut.cluster")
 
@@ -79,318 +88,101 @@ HOST_WAIT = 60.0
 LOCAL_COMMANDS = ("help", "jobs", "memory", "curator")
 
 
-class _NoObserver:
-    def completed(self, facts: dict[str, Any], cancel_to_complete_ms: float | None) -> None:
-        pass
-
-    def output_dropped(self, characters: int) -> None:
-        pass
-
-
-@dataclass(frozen=True)
-class ProviderSpec:
-    """The provider the hosts talk to: it must be reachable from every node."""
-
-    base_url: str
-    api_key: str | None = None
-    model: str | None = None
-    label: str = ""
-    max_tokens: int = 256
-
-
-def placement(line: str) -> str:
+def placement(line: str, commands: CommandSet | None = None) -> str:
     """Where ``line`` runs: "local", "split" (store here, model request remote) or "remote".
 
     A line that does not parse runs "local": the local runner rejects it
     with its usage, as without a cluster.
     """
+    from wirecut.console.commands import CommandError
+
     try:
-        found, args = parse(line)
+        found, args = (commands or builtin_commands()).parse(line)
     except CommandError:
         return "local"
-    if found.name == "curator run" and "--consolidate" in args:
+    return _where(found.name, args)
+
+
+def _where(name: str, args: list[str]) -> str:
+    if name == "curator run" and "--consolidate" in args:
         return "split"
-    if found.name.split(" ")[0] in LOCAL_COMMANDS:
+    if name.split(" ")[0] in LOCAL_COMMANDS:
         return "local"
     return "remote"
 
 
-@dataclass(eq=False)
-class ClusterCommand:
-    """The record of a command that runs on a host (read it; only the runner changes it)."""
+@dataclass(eq=False, kw_only=True)
+class RemoteCommand(Command):
+    """A command whose work runs on a command host."""
 
-    id: str
-    line: str
-    session: Session
-    sink: CommandSink
-    lifecycle: CommandLifecycle
-    timeout: float
-    accepted_at: float = field(default_factory=time.monotonic)
-    output: OutputBuffer | None = None
     job: RemoteJob | None = None
-    #: The first reason the runner cancelled it with (None: it ran to its end).
-    reason: str | None = None
-    cancelled_at: float | None = None
-    completed_at: float | None = None
     confirm_pending: bool = False
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    timeout_handle: asyncio.TimerHandle | None = None
-
-    @property
-    def state(self) -> CommandState:
-        return self.lifecycle.state
-
-    @property
-    def elapsed_ms(self) -> float:
-        return (time.monotonic() - self.accepted_at) * 1000
 
 
-class ClusterRunner:
-    """Runs a console's commands on a Ray cluster. Use from the event loop thread only.
+#: The name this record had before the runners shared their core.
+ClusterCommand = RemoteCommand
 
-    Ray must be initialised in this process (``connect``). ``start()``
-    (on the loop) creates a ``CommandHost`` with ``workers`` slots on every
-    alive node (``nodes``: only these node ids); commands sent before a host
-    is ready wait for one. ``shutdown()`` ends every command, remote and
-    local, with its ``complete``, then kills the hosts.
 
-    Cancellation: see the module docstring. ``unwind_timeout`` is the
-    hosts' bound; the serve process adds ``rpc_grace`` for the round trip,
-    and the local runner (split and local commands) allows for both plus the
-    kill's confirmation.
+class HostPlacement:
+    """Runs commands on the cluster's command hosts (see the module docstring).
+
+    ``runner`` is the core (``RunnerCore``): it hears of starts and
+    confirmations, and its ``cancel`` is how a lost host ends a command.
     """
 
-    def __init__(
-        self,
-        services: Services,
-        provider: ProviderSpec,
-        *,
-        workers: int = 4,
-        command_timeout: float = 60.0,
-        unwind_timeout: float = 10.0,
-        escalate_after: float | None = None,
-        observer: RunnerObserver | None = None,
-        registry: CollectorRegistry | None = None,
-        lease_seconds: float = LEASE_SECONDS,
-        nodes: Iterable[str] | None = None,
-        rpc_grace: float = RPC_GRACE,
-    ) -> None:
-        for name, value in (
-            ("command_timeout", command_timeout),
-            ("unwind_timeout", unwind_timeout),
-            ("lease_seconds", lease_seconds),
-        ):
-            if not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{name} must be a finite number of seconds > 0, not {value!r}")
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"workers must be an int >= 1, not {workers!r}")
-        if not ray.is_initialized():
-            raise RuntimeError("Ray is not initialised in this process: call connect() first")
-        self.services = services
-        self.command_timeout = command_timeout
-        self.unwind_timeout = unwind_timeout
-        self.rpc_grace = rpc_grace
-        self.observer: RunnerObserver = observer or _NoObserver()
-        self.split = SplitCommands(self)
-        # The local runner: its bound covers a split command's remote unwind
-        # (the host's bound, the round trip, the kill's confirmation).
-        self.local = CommandRunner(
-            Services(
-                store=services.store,
-                chat_client=self.split.model_client,
-                model=services.model,
-                provider_label=services.provider_label,
-                max_tokens=services.max_tokens,
-            ),
-            workers=workers,
-            command_timeout=command_timeout,
-            unwind_timeout=unwind_timeout + rpc_grace + KILL_CONFIRM + 1.0,
-            escalate_after=escalate_after,
-            observer=self.observer,
-        )
-        self.pool = HostPool(
-            HostConfig(
-                base_url=provider.base_url,
-                api_key=provider.api_key,
-                model=provider.model,
-                provider_label=provider.label,
-                max_tokens=provider.max_tokens,
-                slots=workers,
-                unwind_timeout=unwind_timeout,
-                escalate_after=escalate_after,
-                command_timeout=command_timeout + unwind_timeout,
-                lease_seconds=lease_seconds,
-            ),
-            nodes=nodes,
-            on_host_gone=self._host_gone,
-        )
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._commands: set[ClusterCommand] = set()
-        self._drivers: set[asyncio.Task[None]] = set()
-        self._ids = itertools.count(1)
+    def __init__(self, pool: HostPool, bounds: RemoteBounds, runner: RunnerCore) -> None:
+        self.pool = pool
+        self._bounds = bounds
+        self._runner = runner
         self._jobs = itertools.count(1)
-        self._closing = False
-        if registry is not None:
-            registry.register(_NodeCollector(self))
+        # Remote commands not yet completed (the health's "waiting for a host").
+        self._live: set[RemoteCommand] = set()
 
-    # -- the Runner contract (event loop) -----------------------------------------------
+    # -- Placement ----------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Bind to the running loop and start the hosts (call from the loop, before submit)."""
-        self._loop = asyncio.get_running_loop()
-        self.local.start()
-        self.pool.start()
-
-    def new_id(self) -> str:
-        return f"s{next(self._ids)}"
-
-    @property
-    def saturated(self) -> bool:
-        """True when a remote command sent now would wait (in Ray's queue, or for a host)."""
-        return self.pool.saturated
-
-    def submit(
-        self,
-        id: str,
-        line: str,
-        session: Session,
-        sink: CommandSink,
-        *,
-        timeout: float | None = None,
-    ) -> ClusterCommand | RunningCommand:
-        """Accept ``line`` as command ``id``: on a host, here, or split (see the module)."""
-        loop = self._require_loop()
-        if self._closing:
-            raise RuntimeError("the console is shutting down")
-        where = placement(line)
-        if where == "local":
-            return self.local.submit(id, line, session, sink, timeout=timeout)
-        if where == "split":
-            return self.split.submit(id, line, session, sink, timeout=timeout)
-        limit = self.command_timeout if timeout is None else min(timeout, self.command_timeout)
-        command = ClusterCommand(
-            id=id,
-            line=line,
-            session=session,
-            sink=sink,
-            lifecycle=CommandLifecycle(id),
-            timeout=limit,
-        )
-        command.output = OutputBuffer(
-            loop,
-            lambda stream, data: sink.output(command, stream, data),
-            on_dropped=self.observer.output_dropped,
-        )
-        self._commands.add(command)
-        task = loop.create_task(self._drive(command))
-        self._drivers.add(task)
-        task.add_done_callback(self._drivers.discard)
+    def record(self, accepted: Accepted) -> RemoteCommand:
+        command = RemoteCommand.of(accepted, self)
+        assert isinstance(command, RemoteCommand)
         return command
 
-    def cancel(self, command: Any, reason: str) -> bool:
-        """Cancel with ``reason`` (first reason wins); False if cancelled or decided already.
+    def launch(self, command: Command) -> None:
+        assert isinstance(command, RemoteCommand)
+        self._live.add(command)  # Placed on a host by its driver (``settle``).
 
-        Never blocks: the host's cancel is one control call, sent at the end
-        of this turn of the loop together with the others of the turn.
-        """
-        if isinstance(command, RunningCommand):
-            return self.local.cancel(command, reason)
-        assert isinstance(command, ClusterCommand)
-        if command.reason is not None or command.state is CommandState.DONE:
-            return False
-        command.reason = reason
-        command.cancelled_at = time.monotonic()
-        command.lifecycle.fire(CommandEvent.CANCEL)
+    def cancel(self, command: Command, reason: Reason) -> bool:
+        """Never blocks: the host's cancel is one control call, batched with the others."""
+        assert isinstance(command, RemoteCommand)
         if command.job is None:
-            command.lifecycle.fire(CommandEvent.DROP)  # Not sent to any host yet.
-        else:
-            command.job.cancel(reason)
-        command.wake.set()
-        return True
+            return True  # Not sent to any host yet: it never will be.
+        command.job.cancel(reason)
+        return False
 
-    def confirm(self, command: Any) -> bool:
-        if isinstance(command, RunningCommand):
-            return self.local.confirm(command)
-        assert isinstance(command, ClusterCommand)
+    def confirm(self, command: Command) -> bool:
+        assert isinstance(command, RemoteCommand)
         job = command.job
-        if not command.confirm_pending or command.state is not CommandState.RUNNING or job is None:
+        if not command.confirm_pending or job is None:
             return False
         command.confirm_pending = False
         job.host.actor.confirm.remote(job.id)
         return True
 
-    def health(self) -> dict[str, Any]:
-        """The ``/api/health`` body: the protocol's totals over this process and every node.
-
-        ``nodes`` (added) has the same counts per node id, "local" for this
-        process's own threads, with each node's address and whether it is alive.
-        """
-        local = self.local.health()
-        nodes: dict[str, Any] = {
-            "local": {
-                "ip": None,
-                "alive": True,
-                "workers": dict(local["workers"]),
-                "requests": dict(local["requests"]),
-                "processes": dict(local["processes"]),
-            }
-        }
-        remote = self.pool.by_node()
-        # Commands waiting for a host to be ready wait here, not in Ray.
-        waiting = sum(
-            1 for c in self._commands if c.job is None and c.state is not CommandState.DONE
-        )
-        nodes["local"]["workers"]["queued"] += waiting
-        nodes.update(remote)
-        totals = {"max": 0, "busy": 0, "queued": 0, "leaked": 0}
-        requests = processes = 0
-        for entry in nodes.values():
-            for key in totals:
-                totals[key] += entry["workers"][key]
-            requests += entry["requests"]["open"]
-            processes += entry["processes"]["open"]
-        return {
-            "status": "ok",
-            "workers": totals,
-            "requests": {"open": requests},
-            "processes": {"open": processes},
-            "nodes": nodes,
-        }
-
-    async def shutdown(self, reason: str = "shutdown") -> None:
-        """Cancel every command with ``reason``, wait for each ``complete``, then kill the hosts."""
-        self._closing = True
-        for command in list(self._commands):
-            self.cancel(command, reason)
-        waits: list[Any] = [self.local.shutdown(reason)]
-        if self._drivers:
-            waits.append(asyncio.wait(set(self._drivers)))
-        await asyncio.gather(*waits)
-        await self.pool.shutdown()
-
-    # -- the driver of a remote command (event loop) ------------------------------------------
-
-    async def _drive(self, command: ClusterCommand) -> None:
+    async def settle(self, command: Command) -> CompleteFacts:
+        assert isinstance(command, RemoteCommand)
         try:
-            await self._run(command)
-        except Exception as exc:  # A bug here must still end the command, once.
-            _log.exception("command %s: the cluster driver failed", command.id)
-            if command.state is not CommandState.DONE:
-                if command.state is not CommandState.UNWINDING:
-                    command.lifecycle.fire(CommandEvent.CANCEL)
-                command.lifecycle.fire(CommandEvent.UNWIND_EXPIRED)
-                self._send_complete(command, _failure(command, f"{type(exc).__name__}: {exc}"))
+            return await self._run(command)
+        finally:
+            self._live.discard(command)
 
-    async def _run(self, command: ClusterCommand) -> None:
+    async def _run(self, command: RemoteCommand) -> CompleteFacts:
         host = await self._place(command)
         if command.state is CommandState.DONE:  # Cancelled before it reached any host.
-            self._send_complete(command, self._unsent_facts(command))
-            return
+            assert command.reason is not None
+            return CompleteFacts.unstarted(command.reason, elapsed_ms=command.elapsed_ms)
         if host is None:
             command.lifecycle.fire(CommandEvent.REJECT)
-            message = "no command host became ready on the cluster"
-            self._send_complete(command, _failure(command, message))
-            return
+            return CompleteFacts.failed(
+                "no command host became ready on the cluster", elapsed_ms=command.elapsed_ms
+            )
         job = RemoteJob(
             self.pool,
             host,
@@ -398,7 +190,7 @@ class ClusterRunner:
             command.line,
             history=_history(command.session),
             on_started=lambda: self._on_started(command),
-            on_output=lambda stream, data: self._on_output(command, stream, data),
+            on_output=lambda stream, data: _write(command, stream, data),
             on_confirm=lambda message: self._on_confirm(command, message),
             on_news=command.wake.set,
         )
@@ -407,34 +199,31 @@ class ClusterRunner:
         while True:
             if job.receipt is not None and command.reason is None:
                 job.end()
-                self._finish_by_itself(command, job.outcome())
-                return
+                return self._by_itself(command, job.outcome())
             if (job.broken is not None or job.host_dead) and command.reason is None:
-                self.cancel(command, "lost")
+                self._runner.cancel(command, Reason.LOST)
             if command.reason is not None:
                 break
             command.wake.clear()
             await command.wake.wait()
         assert command.cancelled_at is not None
-        outcome = await job.settle(command.cancelled_at + self.unwind_timeout + self.rpc_grace)
+        bounds = self._bounds
+        outcome = await job.settle(command.cancelled_at + bounds.unwind_timeout + bounds.rpc_grace)
         if outcome.dropped:
             command.lifecycle.fire(CommandEvent.DROP)
         elif outcome.receipt is not None and outcome.killed_at is None:
             command.lifecycle.fire(CommandEvent.FINISH)
         else:
             command.lifecycle.fire(CommandEvent.UNWIND_EXPIRED)
-        self._apply_history(command, outcome)
-        self._send_complete(
-            command,
-            facts(
-                outcome,
-                reason=command.reason,
-                cancelled_at=command.cancelled_at,
-                elapsed_ms=command.elapsed_ms,
-            ),
+        _apply_history(command, outcome)
+        return remote_facts(
+            outcome,
+            reason=command.reason,
+            cancelled_at=command.cancelled_at,
+            elapsed_ms=command.elapsed_ms,
         )
 
-    async def _place(self, command: ClusterCommand) -> Host | None:
+    async def _place(self, command: RemoteCommand) -> Host | None:
         deadline = time.monotonic() + HOST_WAIT
         while command.state is not CommandState.DONE:
             host = self.pool.pick()
@@ -454,80 +243,166 @@ class ClusterRunner:
             command.wake.clear()
         return None
 
-    def _finish_by_itself(self, command: ClusterCommand, outcome: Outcome) -> None:
+    def _by_itself(self, command: RemoteCommand, outcome: Outcome) -> CompleteFacts:
         if command.state is CommandState.QUEUED:
             # A receipt without a start: the host refused it (its lease had ended).
             command.lifecycle.fire(CommandEvent.START)
         command.lifecycle.fire(CommandEvent.FINISH)
-        self._apply_history(command, outcome)
-        self._send_complete(
-            command,
-            facts(outcome, reason=None, cancelled_at=None, elapsed_ms=command.elapsed_ms),
-        )
-
-    def _unsent_facts(self, command: ClusterCommand) -> dict[str, Any]:
-        outcome = Outcome(dropped=True, started=False)
-        result = facts(
-            outcome,
-            reason=command.reason,
-            cancelled_at=command.cancelled_at,
-            elapsed_ms=command.elapsed_ms,
-        )
-        lifecycle = result["lifecycle"]
-        lifecycle.update(worker_exited=True, open_requests=0, open_processes=0)
-        for key in ("node", "node_ip"):
-            lifecycle.pop(key, None)
-        return result
-
-    def _apply_history(self, command: ClusterCommand, outcome: Outcome) -> None:
-        receipt = outcome.receipt
-        if receipt is not None and "chat_history" in receipt:
-            with command.session.lock:
-                command.session.chat_history[:] = receipt["chat_history"]
-
-    def _send_complete(self, command: ClusterCommand, result: dict[str, Any]) -> None:
-        """Send the one ``complete`` of ``command``; output after it is dropped."""
-        command.completed_at = time.monotonic()
-        if command.timeout_handle is not None:
-            command.timeout_handle.cancel()
-        if command.output is not None:
-            command.output.close()
-        self._commands.discard(command)
-        command.sink.complete(command, result)
-        to_complete = None
-        if command.reason is not None and command.cancelled_at is not None:
-            to_complete = (command.completed_at - command.cancelled_at) * 1000
-        self.observer.completed(result, to_complete)
+        _apply_history(command, outcome)
+        return remote_facts(outcome, reason=None, cancelled_at=None, elapsed_ms=command.elapsed_ms)
 
     # -- news from a host (event loop) ------------------------------------------------------
 
-    def _on_started(self, command: ClusterCommand) -> None:
-        command.lifecycle.fire(CommandEvent.START)
-        if command.state is CommandState.DONE:
-            return
-        command.sink.started(command)
-        if command.state is CommandState.RUNNING:
-            command.timeout_handle = self._require_loop().call_later(
-                command.timeout, self.cancel, command, "timeout"
-            )
+    def _on_started(self, command: RemoteCommand) -> None:
+        command.lifecycle.fire(_Event.START)
+        self._runner.started(command)
 
-    def _on_output(self, command: ClusterCommand, stream: Stream, data: str) -> None:
-        if command.output is not None:
-            command.output.write(stream, data)
-
-    def _on_confirm(self, command: ClusterCommand, message: str) -> None:
+    def _on_confirm(self, command: RemoteCommand, message: str) -> None:
         if command.state is CommandState.RUNNING:
             command.confirm_pending = True
-            command.sink.confirm_required(command, message)
+            self._runner.confirm_required(command, message)
+
+    def waiting(self) -> int:
+        """Remote commands waiting for a host to be ready (they wait here, not in Ray)."""
+        return sum(1 for c in self._live if c.job is None and c.state is not CommandState.DONE)
+
+
+class ClusterRunner(RunnerCore):
+    """Runs a console's commands on a Ray cluster. Use from the event loop thread only.
+
+    Ray must be initialised in this process (``connect``). ``start()``
+    (on the loop) creates a ``CommandHost`` with ``limits.workers`` slots on
+    every alive node (``nodes``: only these node ids); commands sent before a
+    host is ready wait for one. ``shutdown()`` ends every command, remote and
+    local, with its ``complete``, then kills the hosts.
+
+    Cancellation: see the module docstring. ``limits.unwind_timeout`` is the
+    hosts' bound; the serve process adds ``rpc_grace`` for the round trip,
+    and the local placements (split and local commands) allow for both plus
+    the kill's confirmation.
+    """
+
+    def __init__(
+        self,
+        services: Services,
+        provider: ProviderSpec,
+        *,
+        commands: CommandSet | None = None,
+        limits: RunnerLimits | None = None,
+        observer: RunnerObserver | None = None,
+        registry: CollectorRegistry | None = None,
+        lease_seconds: float = LEASE_SECONDS,
+        nodes: Iterable[str] | None = None,
+        rpc_grace: float = RPC_GRACE,
+    ) -> None:
+        limits = limits if limits is not None else RunnerLimits()
+        if not math.isfinite(lease_seconds) or lease_seconds <= 0:
+            raise ValueError(
+                f"lease_seconds must be a finite number of seconds > 0, not {lease_seconds!r}"
+            )
+        if not ray.is_initialized():
+            raise RuntimeError("Ray is not initialised in this process: call connect() first")
+        super().__init__(
+            commands if commands is not None else builtin_commands(), limits, observer=observer
+        )
+        self.services = services
+        self.rpc_grace = rpc_grace
+        self.bounds = RemoteBounds(limits.unwind_timeout, rpc_grace, limits.command_timeout)
+        # The host's own backstop: the serve process decides the timeouts.
+        backstop = limits.command_timeout + limits.unwind_timeout
+        self.pool = HostPool(
+            HostConfig(provider, replace(limits, command_timeout=backstop), lease_seconds),
+            nodes=nodes,
+            on_host_gone=self._host_gone,
+        )
+        self.hosts = HostPlacement(self.pool, self.bounds, self)
+        self.splits = SplitCommands(self.pool, self.bounds)
+        client = self.splits.client
+        # The split commands' chat client: its requests run on a host.
+        local_services = replace(services, chat_client=lambda: client)
+        # The local bound covers a split command's remote unwind (the host's
+        # bound, the round trip, the kill's confirmation).
+        local = RunnerLimits(
+            workers=limits.workers,
+            command_timeout=limits.command_timeout,
+            unwind_timeout=limits.unwind_timeout + rpc_grace + KILL_CONFIRM + 1.0,
+            escalate_after=limits.escalate_after,
+        )
+        self.threads = ThreadPlacement(local_services, self.commands, local, self)
+        self.split = SplitPlacement(self.threads, self.splits)
+        if registry is not None:
+            registry.register(_NodeCollector(self))
+
+    # -- RunnerCore --------------------------------------------------------------------------
+
+    def _start_placements(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.threads.start(loop)
+        self.splits.start(loop)
+        self.pool.start()
+
+    async def _stop_placements(self) -> None:
+        self.threads.stop()
+        await self.pool.shutdown()
+
+    def _route(self, line: str) -> tuple[Placement, Work]:
+        found, args = self.commands.parse(line)
+        where = _where(found.name, args)
+        if where == "remote":
+            return self.hosts, (found, args)
+        if where == "split":
+            return self.split, (found, args)
+        return self.threads, (found, args)
+
+    def _call_placement(self) -> Placement:
+        return self.threads
+
+    @property
+    def saturated(self) -> bool:
+        """True when a remote command sent now would wait (in Ray's queue, or for a host)."""
+        return self.pool.saturated
+
+    def health(self) -> dict[str, Any]:
+        """The ``/api/health`` body: the protocol's totals over this process and every node.
+
+        ``nodes`` (added) has the same counts per node id, "local" for this
+        process's own threads, with each node's address and whether it is alive.
+        """
+        local = self.threads.health()
+        nodes: dict[str, Any] = {
+            "local": {
+                "ip": None,
+                "alive": True,
+                "workers": dict(local["workers"]),
+                "requests": dict(local["requests"]),
+                "processes": dict(local["processes"]),
+            }
+        }
+        # Commands waiting for a host to be ready wait here, not in Ray.
+        nodes["local"]["workers"]["queued"] += self.hosts.waiting()
+        nodes.update(self.pool.by_node())
+        totals = {"max": 0, "busy": 0, "queued": 0, "leaked": 0}
+        requests = processes = 0
+        for entry in nodes.values():
+            for key in totals:
+                totals[key] += entry["workers"][key]
+            requests += entry["requests"]["open"]
+            processes += entry["processes"]["open"]
+        return {
+            "status": "ok",
+            "workers": totals,
+            "requests": {"open": requests},
+            "processes": {"open": processes},
+            "nodes": nodes,
+        }
 
     def _host_gone(self, host: Host) -> None:
         for job in list(host.jobs):
             job.on_host_gone()
 
-    def _require_loop(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None:
-            raise RuntimeError("ClusterRunner.start() was not called from the event loop")
-        return self._loop
+
+def _write(command: Command, stream: Any, data: str) -> None:
+    if command.output is not None:
+        command.output.write(stream, data)
 
 
 def _history(session: Session) -> list[dict[str, Any]]:
@@ -535,20 +410,11 @@ def _history(session: Session) -> list[dict[str, Any]]:
         return [dict(message) for message in session.chat_history]
 
 
-def _failure(command: ClusterCommand, message: str) -> dict[str, Any]:
-    return {
-        "status": "error",
-        "error": message,
-        "elapsed_ms": round(command.elapsed_ms, 3),
-        "reason": command.reason,
-        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "requests": 0},
-        "lifecycle": {
-            "worker_exited": True if command.job is None else None,
-            "open_requests": 0 if command.job is None else None,
-            "open_processes": 0 if command.job is None else None,
-            "started": False if command.job is None else None,
-        },
-    }
+def _apply_history(command: Command, outcome: Outcome) -> None:
+    receipt = outcome.receipt
+    if receipt is not None and receipt.chat_history is not None:
+        with command.session.lock:
+            command.session.chat_history[:] = receipt.chat_history
 
 
 class _NodeCollector(Collector):

@@ -9,6 +9,8 @@ sends its one model request to a host: the plan is made there (the host's
 ``ChatClient`` streams it from the provider under a scope of the host's) and
 comes back as the ``ChatResult``, to be parsed, validated and applied here.
 No curator code is repeated, and no SQLite file is touched off this machine.
+``SplitPlacement`` is the local thread placement with that one difference,
+and with the host's facts merged into the ``complete`` it settles.
 
 The cut. While the request is out, an ``Interruptible`` is registered with
 the bound scope (the agent turn's): the local cancel calls its
@@ -30,23 +32,41 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import wirecut.scope as ws
 from wirecut.console.cluster._host import MODEL_REQUEST
-from wirecut.console.cluster._remote import Outcome, RemoteJob, facts
-from wirecut.console.commands import Session, Stream
-from wirecut.console.runner import CommandRecord, CommandSink, RunningCommand
+from wirecut.console.cluster._pool import HostPool
+from wirecut.console.cluster._remote import Outcome, RemoteJob, remote_facts
+from wirecut.console.commands import Stream
+from wirecut.console.runner import (
+    Command,
+    CompleteFacts,
+    LocalCommand,
+    Reason,
+    Status,
+    ThreadPlacement,
+    make_timeline,
+)
+from wirecut.console.runner._core import Accepted
 from wirecut.provider import ChatResult, ProviderError
 from wirecut.scope import Interrupted, InterruptScope, current_scope
 
-if TYPE_CHECKING:
-    from wirecut.console.cluster._runner import ClusterRunner
-
-__all__ = ["SplitCommands"]
+__all__ = ["RemoteBounds", "SplitCommands", "SplitPlacement", "merge"]
 
 #: Beyond its own bounds, how long a local worker waits for a model request's coroutine.
 SAFETY_MARGIN = 30.0
+#: How long a model request waits for a command host to be ready.
+HOST_WAIT = 60.0
+
+
+@dataclass(frozen=True)
+class RemoteBounds:
+    """How long the serve process waits for a host: its unwind bound plus the round trip."""
+
+    unwind_timeout: float
+    rpc_grace: float
+    command_timeout: float
 
 
 @dataclass(eq=False)
@@ -57,47 +77,39 @@ class _Split:
     scope: InterruptScope
     outcomes: list[tuple[Outcome, float | None]] = field(default_factory=list)
     jobs: list[RemoteJob] = field(default_factory=list)
-    reason: str | None = None
+    reason: Reason | None = None
     cancelled_at: float | None = None
 
 
 class SplitCommands:
-    """The split commands of one ``ClusterRunner``.
+    """The split commands of one serve process, and the chat client their model requests use.
 
-    ``submit`` runs on the event loop; ``model_client().chat`` on the local
-    runner's worker threads; the rest on the event loop.
+    ``track`` runs on the event loop; ``client.chat`` on the local runner's
+    worker threads; the rest on the event loop given to ``start``.
     """
 
-    def __init__(self, runner: ClusterRunner) -> None:
-        self._runner = runner
+    def __init__(self, pool: HostPool, bounds: RemoteBounds) -> None:
+        self._pool = pool
+        self._bounds = bounds
+        self._loop: asyncio.AbstractEventLoop | None = None
         # Guards ``_by_scope``: worker threads look their command up in it.
         self._lock = threading.Lock()
         self._by_scope: weakref.WeakKeyDictionary[InterruptScope, _Split] = (
             weakref.WeakKeyDictionary()
         )
-        self._client = _ModelClient(self)
         self._serial = itertools.count(1)
+        #: The chat client of the split commands: its requests run on a host.
+        self.client = ModelClient(self)
 
-    def model_client(self) -> Any:
-        """The chat client of the local runner's commands: its requests run on a host."""
-        return self._client
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The event loop the model requests are made on."""
+        self._loop = loop
 
-    def submit(
-        self, id: str, line: str, session: Session, sink: CommandSink, *, timeout: float | None
-    ) -> RunningCommand:
-        holder: list[_Split] = []
-        record = self._runner.local.submit(
-            id,
-            line,
-            session,
-            SplitSink(sink, lambda: holder[0] if holder else None),
-            timeout=timeout,
-        )
-        split = _Split(id=id, scope=record.scope)
-        holder.append(split)
+    def track(self, command: LocalCommand) -> _Split:
+        split = _Split(id=command.id, scope=command.scope)
         with self._lock:
-            self._by_scope[record.scope] = split
-        return record
+            self._by_scope[command.scope] = split
+        return split
 
     def find(self) -> _Split | None:
         """The split command whose scope is bound in this thread (walking up from a child scope)."""
@@ -112,7 +124,7 @@ class SplitCommands:
 
     # -- on the event loop ------------------------------------------------------------
 
-    def cancel(self, split: _Split, reason: str) -> None:
+    def cancel(self, split: _Split, reason: Reason) -> None:
         if split.reason is None:
             split.reason = reason
             split.cancelled_at = time.monotonic()
@@ -127,10 +139,9 @@ class SplitCommands:
         on_token: Callable[[str], None] | None,
     ) -> Outcome:
         """Make one model request on a host; return its outcome once it is settled."""
-        runner = self._runner
-        pool = runner.pool
+        pool = self._pool
         host = pool.pick()
-        deadline = time.monotonic() + 60.0
+        deadline = time.monotonic() + HOST_WAIT
         while host is None and split.reason is None and time.monotonic() < deadline:
             pool.changed.clear()
             try:
@@ -168,14 +179,51 @@ class SplitCommands:
                 split.outcomes.append((outcome, None))
                 return outcome
             if job.broken is not None or job.host_dead:
-                self.cancel(split, "lost")
+                self.cancel(split, Reason.LOST)
                 break
             news.clear()
             await news.wait()
         assert split.cancelled_at is not None
-        outcome = await job.settle(split.cancelled_at + runner.unwind_timeout + runner.rpc_grace)
+        bounds = self._bounds
+        outcome = await job.settle(split.cancelled_at + bounds.unwind_timeout + bounds.rpc_grace)
         split.outcomes.append((outcome, split.cancelled_at))
         return outcome
+
+    # -- on a worker thread -----------------------------------------------------------
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        params: dict[str, Any],
+        on_token: Callable[[str], None] | None,
+    ) -> ChatResult:
+        """``ModelClient.chat``: one request on a host, for the split command bound here."""
+        split = self.find()
+        loop = self._loop
+        if split is None or loop is None:
+            raise ProviderError("this request has no cluster command to run under")
+        ws.check()
+        with ws.register(_RemoteCut(self, split, loop)):
+            future = asyncio.run_coroutine_threadsafe(
+                self.request(split, messages, params, on_token), loop
+            )
+            bounds = self._bounds
+            outcome = future.result(
+                bounds.command_timeout + bounds.unwind_timeout + bounds.rpc_grace + SAFETY_MARGIN
+            )
+        receipt = outcome.receipt
+        result = receipt.result if receipt is not None else None
+        if isinstance(result, ChatResult):
+            return result
+        if split.reason is not None and split.reason is not Reason.LOST:
+            raise Interrupted(split.reason)
+        if outcome.lost or split.reason is Reason.LOST:
+            raise ProviderError(
+                f"the command host on node {outcome.node_ip or outcome.node} was lost"
+            )
+        if receipt is not None and receipt.facts.error:
+            raise ProviderError(receipt.facts.error)
+        raise ProviderError("the command host answered without a reply")
 
 
 class _RemoteCut:
@@ -189,12 +237,16 @@ class _RemoteCut:
     def interrupt(self, reason: str) -> None:
         # Quick and safe from any thread: the cancel itself is sent on the loop.
         try:
-            self._loop.call_soon_threadsafe(self._splits.cancel, self._split, reason)
+            why = Reason(reason)
+        except ValueError:
+            why = Reason.USER  # A scope's own reason ("cancelled"): a cut like a user's.
+        try:
+            self._loop.call_soon_threadsafe(self._splits.cancel, self._split, why)
         except RuntimeError:
             pass  # The loop is closed: the serve process is going, and the lease ends the job.
 
 
-class _ModelClient:
+class ModelClient:
     """A ``ChatClient`` stand-in whose ``chat`` is made on a command host.
 
     ``chat`` is called on a local worker thread, under the command's scope.
@@ -219,100 +271,89 @@ class _ModelClient:
         with ``interrupted=True`` if the request had been sent), or the host
         was killed or lost (``Interrupted``), within the cluster's bounds.
         """
-        splits = self._splits
-        split = splits.find()
-        if split is None:
-            raise ProviderError("this request has no cluster command to run under")
-        runner = splits._runner
-        loop = runner._require_loop()
-        ws.check()
-        with ws.register(_RemoteCut(splits, split, loop)):
-            future = asyncio.run_coroutine_threadsafe(
-                splits.request(
-                    split, messages, {"tools": tools, "stream": stream, **params}, on_token
-                ),
-                loop,
-            )
-            bound = runner.unwind_timeout + runner.rpc_grace + SAFETY_MARGIN
-            outcome = future.result(runner.command_timeout + bound)
-        receipt = outcome.receipt
-        result = receipt.get("result") if receipt is not None else None
-        if isinstance(result, ChatResult):
-            return result
-        if split.reason is not None and split.reason != "lost":
-            raise Interrupted(split.reason)
-        if outcome.lost or split.reason == "lost":
-            raise ProviderError(
-                f"the command host on node {outcome.node_ip or outcome.node} was lost"
-            )
-        if receipt is not None and receipt.get("error"):
-            raise ProviderError(str(receipt["error"]))
-        raise ProviderError("the command host answered without a reply")
+        return self._splits.chat(messages, {"tools": tools, "stream": stream, **params}, on_token)
 
 
-class SplitSink:
-    """The ``CommandSink`` of a split command: the host's facts merged into its ``complete``."""
+class SplitPlacement:
+    """The local thread placement, for a split command: the host's facts merged at the end."""
 
-    def __init__(self, sink: CommandSink, split: Callable[[], _Split | None]) -> None:
-        self._sink = sink
-        self._split = split
+    def __init__(self, threads: ThreadPlacement, splits: SplitCommands) -> None:
+        self._threads = threads
+        self._splits = splits
+        self._by_command: weakref.WeakKeyDictionary[Command, _Split] = weakref.WeakKeyDictionary()
 
-    def started(self, command: CommandRecord) -> None:
-        self._sink.started(command)
+    def record(self, accepted: Accepted) -> LocalCommand:
+        command = self._threads.record(accepted)
+        command.placement = self
+        self._by_command[command] = self._splits.track(command)
+        return command
 
-    def output(self, command: CommandRecord, stream: Stream, data: str) -> None:
-        self._sink.output(command, stream, data)
+    def launch(self, command: Command) -> None:
+        self._threads.launch(command)
 
-    def confirm_required(self, command: CommandRecord, message: str) -> None:
-        self._sink.confirm_required(command, message)
+    def cancel(self, command: Command, reason: Reason) -> bool:
+        return self._threads.cancel(command, reason)
 
-    def complete(self, command: CommandRecord, result: dict[str, Any]) -> None:
-        split = self._split()
-        if split is not None and split.outcomes:
-            assert isinstance(command, RunningCommand)
-            merge(result, split.outcomes, command.scope.cancelled_at)
-        # ``result`` is changed in place: the runner hands the same dict to its
-        # observer (the metrics) right after this.
-        self._sink.complete(command, result)
+    def confirm(self, command: Command) -> bool:
+        return self._threads.confirm(command)
+
+    async def settle(self, command: Command) -> CompleteFacts:
+        facts = await self._threads.settle(command)
+        split = self._by_command.get(command)
+        if split is None or not split.outcomes:
+            return facts
+        assert isinstance(command, LocalCommand)
+        return merge(facts, split.outcomes, command.scope.cancelled_at)
 
 
 def merge(
-    result: dict[str, Any],
+    facts: CompleteFacts,
     outcomes: list[tuple[Outcome, float | None]],
     local_cancelled_at: float | None,
-) -> None:
-    """Fold the host facts of a split command's model requests into its local ``complete``."""
-    lifecycle = result["lifecycle"]
-    steps: list[dict[str, Any]] = list(lifecycle.get("timeline") or [])
+) -> CompleteFacts:
+    """The local ``complete`` of a split command with its model requests' host facts folded in."""
+    life = facts.lifecycle
+    steps = [(step.event, step.ms) for step in life.timeline or ()]
+    status, reason, error = facts.status, facts.reason, facts.error
+    worker_exited, open_requests = life.worker_exited, life.open_requests
+    open_processes, force_killed = life.open_processes, life.force_killed
+    node = node_ip = None
     for outcome, cancelled_at in outcomes:
-        remote = facts(
-            outcome,
-            reason=result["reason"],
-            cancelled_at=cancelled_at,
-            elapsed_ms=0.0,
-        )["lifecycle"]
+        remote = remote_facts(
+            outcome, reason=reason, cancelled_at=cancelled_at, elapsed_ms=0.0
+        ).lifecycle
         if outcome.lost:
-            result["status"], result["reason"] = "error", "lost"
-            result["error"] = result["error"] or (
-                f"the command host on node {outcome.node_ip or outcome.node} was lost"
-            )
-        lifecycle["worker_exited"] = _all(lifecycle["worker_exited"], remote["worker_exited"])
-        for key in ("open_requests", "open_processes"):
-            lifecycle[key] = _sum(lifecycle[key], remote[key])
-        lifecycle["node"], lifecycle["node_ip"] = remote["node"], remote["node_ip"]
-        if "force_killed" in remote:
-            lifecycle["force_killed"] = remote["force_killed"]
+            status, reason = Status.ERROR, Reason.LOST
+            error = error or f"the command host on node {outcome.node_ip or outcome.node} was lost"
+        worker_exited = _all(worker_exited, remote.worker_exited)
+        open_requests = _sum(open_requests, remote.open_requests)
+        open_processes = _sum(open_processes, remote.open_processes)
+        node, node_ip = remote.node, remote.node_ip
+        if remote.force_killed is not None:
+            force_killed = remote.force_killed
         if local_cancelled_at is not None and cancelled_at is not None:
             shift = (cancelled_at - local_cancelled_at) * 1000
-            for step in remote.get("timeline") or ():
-                event = step["event"]
-                if event == "cancel_requested":
+            for step in remote.timeline or ():
+                if step.event == "cancel_requested":
                     continue  # The local command's own, at 0.
-                if event == "worker_exited":
-                    event = "host_worker_exited"  # The local worker's comes from the local runner.
-                steps.append({"event": event, "ms": round(step["ms"] + shift, 3)})
-    if "timeline" in lifecycle:
-        lifecycle["timeline"] = sorted(steps, key=lambda step: float(step["ms"]))
+                # The local worker's exit comes from the local runner.
+                event = "host_worker_exited" if step.event == "worker_exited" else step.event
+                steps.append((event, step.ms + shift))
+    lifecycle = life.__class__(
+        worker_exited=worker_exited,
+        open_requests=open_requests,
+        open_processes=open_processes,
+        started=life.started,
+        timeline=None if life.timeline is None else make_timeline(steps),
+        open_threads=life.open_threads,
+        node=node,
+        node_ip=node_ip,
+        force_killed=force_killed,
+    )
+    late = facts.late_cancel if status is not Status.ERROR or reason is not Reason.LOST else None
+    return facts.replace(
+        status=status, reason=reason, error=error, lifecycle=lifecycle, late_cancel=late
+    )
 
 
 def _all(a: bool | None, b: bool | None) -> bool | None:

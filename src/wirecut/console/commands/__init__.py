@@ -1,5 +1,6 @@
-"""Console commands: the registry, the parser, and the built-in commands."""
+"""Console commands: commands as values, the command set and its parser, and the built-ins."""
 
+from wirecut.console.commands._builtins import builtin_commands
 from wirecut.console.commands._context import (
     CommandContext,
     CommandError,
@@ -8,18 +9,18 @@ from wirecut.console.commands._context import (
     Stream,
     UsageError,
 )
-from wirecut.console.commands._registry import Command, CommandFn, command, commands, parse
+from wirecut.console.commands._registry import Command, CommandFn, CommandSet, command
 
 __all__ = [
     "Command",
     "CommandContext",
     "CommandError",
     "CommandFn",
+    "CommandSet",
     "Services",
     "Session",
     "Stream",
     "UsageError",
+    "builtin_commands",
     "command",
-    "commands",
-    "parse",
 ]

@@ -1,8 +1,8 @@
-"""The built-in console commands: ``help``, ``sleep``, ``jobs``, ``chat``.
+"""The built-in console commands: ``help``, ``sleep``, ``jobs``, ``chat``, and the set of all.
 
-Importing this module registers them, and imports the command modules beside
-it (``memory``/``curator``, ``probe``), which register theirs. Each runs on a worker thread with the
-command's scope bound (see ``_context``).
+``builtin_commands()`` is the console's own ``CommandSet``: these, and the
+ones of the modules beside this one (``memory``/``curator``, ``probe``). Each
+runs on a worker thread with the command's scope bound (see ``_context``).
 """
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ import math
 
 from wirecut.agent import AIAgent, ConversationStatus
 from wirecut.console.commands._context import CommandContext, CommandError, UsageError
-from wirecut.console.commands._registry import command, commands
+from wirecut.console.commands._memory import MEMORY_COMMANDS
+from wirecut.console.commands._probe import probe
+from wirecut.console.commands._registry import CommandSet, command
 
-__all__: list[str] = []
+__all__ = ["builtin_commands"]
 
 #: What the chat agent is told; the local model is a base model and ignores most of it.
 CHAT_SYSTEM_PROMPT = "You are a helpful assistant in the wirecut console. Answer briefly."
@@ -23,7 +25,7 @@ CHAT_SYSTEM_PROMPT = "You are a helpful assistant in the wirecut console. Answer
 def help_(ctx: CommandContext, args: list[str]) -> None:
     if args:
         raise UsageError("usage: help")
-    listed = commands()
+    listed = list(ctx.commands)
     width = max(len(c.usage) for c in listed)
     for found in listed:
         ctx.write(f"{found.usage:<{width}}  {found.summary}\n")
@@ -90,5 +92,9 @@ def chat(ctx: CommandContext, args: list[str]) -> None:
         ctx.session.chat_history[:] = result.messages
 
 
-# The other command modules register themselves on import.
-from wirecut.console.commands import _memory, _probe  # noqa: E402, F401
+_BUILTINS = CommandSet([help_, sleep, jobs, chat, *MEMORY_COMMANDS, probe])
+
+
+def builtin_commands() -> CommandSet:
+    """The console's own commands (a value: add a host's or a test's with ``plus``)."""
+    return _BUILTINS

@@ -1,12 +1,13 @@
 """What a console command gets: its ``CommandContext``, and the errors it may raise.
 
-A command is a plain function ``fn(ctx, args) -> None`` registered in the
-command registry (``_registry``). The runner calls it on a worker thread with
-the command's ``InterruptScope`` bound, so everything it starts (a provider
-request through ``wirecut.provider``, a ``scope.popen()`` process, a
-``scope.spawn()`` thread, an agent turn) registers with that scope and a
-cancel cuts it. ``print()`` inside a command reaches the command's own
-``stdout`` output; ``ctx.write()`` and ``ctx.token()`` say which stream.
+A command is a plain function ``fn(ctx, args) -> None`` made a ``Command``
+value (``_registry``) and given to a runner in its ``CommandSet``. The runner
+calls it on a worker thread with the command's ``InterruptScope`` bound, so
+everything it starts (a provider request through ``wirecut.provider``, a
+``scope.popen()`` process, a ``scope.spawn()`` thread, an agent turn)
+registers with that scope and a cancel cuts it. ``print()`` inside a command
+reaches the command's own ``stdout`` output; ``ctx.write()`` and
+``ctx.token()`` say which stream.
 
 Errors (the tree)::
 
@@ -25,11 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from wirecut.provider import DEFAULT_MAX_TOKENS, ProviderSpec
 from wirecut.scope import InterruptScope
 
 if TYPE_CHECKING:
+    from wirecut.console.commands._registry import CommandSet
     from wirecut.memory import NoteStore
-    from wirecut.provider import ChatClient, Usage
+    from wirecut.provider import Chat, Usage
 
 __all__ = ["CommandContext", "CommandError", "Services", "Session", "Stream", "UsageError"]
 
@@ -68,16 +71,24 @@ class Services:
     ``provider_label`` says which provider it is, for ``help`` and errors.
     """
 
-    store: NoteStore
-    chat_client: Callable[[], ChatClient]
+    #: None where commands run away from the store (a cluster's command host).
+    store: NoteStore | None
+    chat_client: Callable[[], Chat]
     model: str | None = None
     provider_label: str = ""
     #: max_tokens for one chat reply (the local model pads until it).
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
+
+    @classmethod
+    def of(
+        cls, store: NoteStore | None, provider: ProviderSpec, chat_client: Callable[[], Chat]
+    ) -> Services:
+        """The services of a console over ``provider`` (its model, label and reply bound)."""
+        return cls(store, chat_client, provider.model, provider.label, provider.max_tokens)
 
 
 class CommandContext:
-    """One running command: its id, line, scope, output, session and services.
+    """One running command: its id, line, scope, output, session, services and command set.
 
     Used from the command's worker thread (and from threads it started through
     the scope). ``write``, ``token`` and ``add_usage`` are safe from any of
@@ -95,12 +106,19 @@ class CommandContext:
         output: Callable[[Stream, str], None],
         confirm: Callable[[str], bool],
         add_usage: Callable[[Usage], None],
+        commands: CommandSet | None = None,
     ) -> None:
         self.id = id
         self.line = line
         self.scope = scope
         self.session = session
         self.services = services
+        if commands is None:
+            from wirecut.console.commands._builtins import builtin_commands
+
+            commands = builtin_commands()
+        #: The commands of the runner that runs this one (``help`` lists them).
+        self.commands = commands
         self._output = output
         self._confirm = confirm
         self._add_usage = add_usage

@@ -8,8 +8,10 @@ transaction open and is cut by a cancel like any agent turn.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
+from collections.abc import Iterator
 from datetime import timedelta
 
 from wirecut.console.commands._context import CommandContext, CommandError, UsageError
@@ -21,13 +23,21 @@ from wirecut.memory import (
     ConflictError,
     CuratorOutcome,
     NoteState,
+    NoteStore,
     StoreError,
     curate,
     format_note,
     format_notes,
 )
 
-__all__ = ["curator_run", "curator_status", "memory_add", "memory_list", "memory_show"]
+__all__ = [
+    "MEMORY_COMMANDS",
+    "curator_run",
+    "curator_status",
+    "memory_add",
+    "memory_list",
+    "memory_show",
+]
 
 ADD_USAGE = "memory add TITLE -- BODY"
 LIST_USAGE = "memory list"
@@ -35,6 +45,10 @@ SHOW_USAGE = "memory show ID"
 STATUS_USAGE = "curator status"
 #: The longest threshold ``--stale-days``/``--archive-days`` take (a century).
 MAX_DAYS = 36_500
+#: The shortest: one second (a shorter one would round to no time at all).
+MIN_DAYS = 1 / 86_400
+#: Note ids are SQLite's positive 64-bit integers: at most 19 digits.
+MAX_ID_DIGITS = 19
 RUN_USAGE = (
     "curator run [--consolidate] [--dry-run] [--yes] [--stale-days DAYS] [--archive-days DAYS]"
 )
@@ -45,6 +59,27 @@ _BLANKS = re.compile(r"\s+")
 
 def _usage(problem: str, usage: str) -> UsageError:
     return UsageError(f"{problem}; usage: {usage}")
+
+
+@contextlib.contextmanager
+def _notes(ctx: CommandContext) -> Iterator[NoteStore]:
+    """The note store, its errors turned into the command's one-line error."""
+    store = ctx.services.store
+    if store is None:
+        raise CommandError("there is no note store here (it stays with the serve process)")
+    try:
+        yield store
+    except StoreError as exc:
+        raise CommandError(str(exc)) from None
+
+
+@contextlib.contextmanager
+def _conflicts_said() -> Iterator[None]:
+    """A conflict (notes changed while the model worked) is said as such, not as a store error."""
+    try:
+        yield
+    except ConflictError as exc:
+        raise CommandError(f"{exc} (they were used or changed while the model worked)") from None
 
 
 def _lines(ctx: CommandContext, lines: list[str]) -> None:
@@ -62,12 +97,11 @@ def memory_add(ctx: CommandContext, args: list[str]) -> None:
         raise _usage("the title is missing", ADD_USAGE)
     if not body.strip():
         raise _usage("the body is missing", ADD_USAGE)
-    try:
-        note = ctx.services.store.add(title, body)
-    except ValueError as exc:
-        raise _usage(str(exc), ADD_USAGE) from None
-    except StoreError as exc:
-        raise CommandError(str(exc)) from None
+    with _notes(ctx) as store:
+        try:
+            note = store.add(title, body)
+        except ValueError as exc:
+            raise _usage(str(exc), ADD_USAGE) from None
     ctx.write(f"added note #{note.id}\n")
 
 
@@ -76,10 +110,8 @@ def memory_list(ctx: CommandContext, args: list[str]) -> None:
     """One line per note: id, state, last use, title."""
     if args:
         raise _usage(f"unexpected {args[0]!r}", LIST_USAGE)
-    try:
-        notes = ctx.services.store.notes()
-    except StoreError as exc:
-        raise CommandError(str(exc)) from None
+    with _notes(ctx) as store:
+        notes = store.notes()
     _lines(ctx, format_notes(notes))
 
 
@@ -89,17 +121,19 @@ def memory_show(ctx: CommandContext, args: list[str]) -> None:
     if len(args) != 1:
         raise _usage("give one note id", SHOW_USAGE)
     word = args[0].removeprefix("#")
-    if not word.isdigit():
-        raise _usage(f"the note id must be a number, not {args[0]!r}", SHOW_USAGE)
-    store = ctx.services.store
-    try:
+    # isdigit() alone lets "²" and other digits that int() refuses through,
+    # and int() refuses more than 4,300 digits: check both here, at the edge.
+    if not (word.isascii() and word.isdigit()):
+        raise _usage(f"the note id must be a number, not {args[0]!r:.40}", SHOW_USAGE)
+    word = word.lstrip("0") or "0"
+    if len(word) > MAX_ID_DIGITS:
+        raise _usage(f"the note id has more than {MAX_ID_DIGITS} digits", SHOW_USAGE)
+    with _notes(ctx) as store:
         note = store.touch(int(word))
         if note is None:
             raise CommandError(f"there is no note #{word}")
         umbrella = store.get(note.umbrella_id) if note.umbrella_id is not None else None
         merged = store.merged_into(note.id)
-    except StoreError as exc:
-        raise CommandError(str(exc)) from None
     _lines(ctx, format_note(note, umbrella=umbrella, merged=merged))
 
 
@@ -108,10 +142,8 @@ def curator_status(ctx: CommandContext, args: list[str]) -> None:
     """One line per state: how many notes are in it."""
     if args:
         raise _usage(f"unexpected {args[0]!r}", STATUS_USAGE)
-    try:
-        counts = ctx.services.store.counts()
-    except StoreError as exc:
-        raise CommandError(str(exc)) from None
+    with _notes(ctx) as store:
+        counts = store.counts()
     _lines(ctx, [f"{state}: {counts[state]}" for state in NoteState])
 
 
@@ -168,24 +200,21 @@ def curator_run(ctx: CommandContext, args: list[str]) -> None:
             ctx.token(compact)
 
     try:
-        run = curate(
-            ctx.services.store,
-            client=ctx.services.chat_client() if consolidate else None,
-            consolidate=consolidate,
-            dry_run=dry_run,
-            confirm=None if yes else ctx.confirm,
-            stale_after=stale_after,
-            archive_after=archive_after,
-            model=ctx.services.model,
-            max_tokens=max(PLAN_MAX_TOKENS, ctx.services.max_tokens),
-            on_token=on_token,
-            on_usage=ctx.add_usage,
-            on_progress=lambda line: ctx.write(line + "\n"),
-        )
-    except ConflictError as exc:
-        raise CommandError(f"{exc} (they were used or changed while the model worked)") from None
-    except StoreError as exc:
-        raise CommandError(str(exc)) from None
+        with _notes(ctx) as store, _conflicts_said():
+            run = curate(
+                store,
+                client=ctx.services.chat_client() if consolidate else None,
+                consolidate=consolidate,
+                dry_run=dry_run,
+                confirm=None if yes else ctx.confirm,
+                stale_after=stale_after,
+                archive_after=archive_after,
+                model=ctx.services.model,
+                max_tokens=max(PLAN_MAX_TOKENS, ctx.services.max_tokens),
+                on_token=on_token,
+                on_usage=ctx.add_usage,
+                on_progress=lambda line: ctx.write(line + "\n"),
+            )
     finally:
         if streamed:
             ctx.token("\n")
@@ -223,6 +252,16 @@ def _days(option: str, value: str | None) -> timedelta:
         days = math.nan
     if not math.isfinite(days) or not 0 < days <= MAX_DAYS:
         raise _usage(
-            f"{option} must be a number of days in (0, {MAX_DAYS}], not {value!r}", RUN_USAGE
+            f"{option} must be a number of days in (0, {MAX_DAYS}], not {value!r:.40}", RUN_USAGE
+        )
+    if days < MIN_DAYS:
+        # timedelta rounds to microseconds: 1e-300 days would be no time at all.
+        raise _usage(
+            f"{option} must be at least one second ({MIN_DAYS:.3g} days), not {value!r:.40}",
+            RUN_USAGE,
         )
     return timedelta(days=days)
+
+
+#: The note store's commands, for the console's command set.
+MEMORY_COMMANDS = (memory_add, memory_list, memory_show, curator_status, curator_run)

@@ -1,10 +1,18 @@
-"""The host: ``CommandRunner`` and what it is made of.
+"""The host: the runner core, ``CommandRunner``, the terminal record, and what they are made of.
 
-Knows nothing about WebSockets: a server drives it from its event loop and
-gets each command's frames back through a ``CommandSink``.
+Knows nothing about WebSockets: a server drives a runner from its event loop
+and gets each command's frames back through a ``CommandSink``.
 """
 
-from wirecut.console.runner._contract import CommandRecord, CommandSink, Runner, RunnerObserver
+from wirecut.console.runner._contract import CommandSink, Runner, RunnerObserver
+from wirecut.console.runner._core import (
+    Accepted,
+    Command,
+    Placement,
+    Reporter,
+    RunnerCore,
+    RunnerLimits,
+)
 from wirecut.console.runner._lifecycle import (
     TRANSITIONS,
     CommandEvent,
@@ -14,23 +22,58 @@ from wirecut.console.runner._lifecycle import (
 )
 from wirecut.console.runner._output import OutputBuffer, bind_output, route_stdio
 from wirecut.console.runner._pool import WorkerPool
-from wirecut.console.runner._runner import STATUS_BY_REASON, CommandRunner, RunningCommand
+from wirecut.console.runner._record import (
+    CompleteFacts,
+    Ending,
+    Lifecycle,
+    Reason,
+    Status,
+    TimelineStep,
+    UsageFacts,
+    decide,
+    make_timeline,
+)
+from wirecut.console.runner._runner import (
+    CommandRunner,
+    LocalCommand,
+    RunningCommand,
+    ThreadPlacement,
+)
+
+#: The record a server reads (the core's ``Command``).
+CommandRecord = Command
 
 __all__ = [
-    "STATUS_BY_REASON",
     "TRANSITIONS",
+    "Accepted",
+    "Command",
     "CommandEvent",
     "CommandLifecycle",
     "CommandRecord",
     "CommandRunner",
     "CommandSink",
     "CommandState",
+    "CompleteFacts",
+    "Ending",
+    "Lifecycle",
     "LifecycleError",
+    "LocalCommand",
     "OutputBuffer",
+    "Placement",
+    "Reason",
+    "Reporter",
     "Runner",
+    "RunnerCore",
+    "RunnerLimits",
     "RunnerObserver",
     "RunningCommand",
+    "Status",
+    "ThreadPlacement",
+    "TimelineStep",
+    "UsageFacts",
     "WorkerPool",
     "bind_output",
+    "decide",
+    "make_timeline",
     "route_stdio",
 ]

@@ -1,38 +1,23 @@
 """The contract between a console server and whatever runs its commands.
 
-``CommandRunner`` (threads on this machine) implements it; a runner that puts
-the commands on a cluster implements the same, so the server, its WebSocket
-protocol and its metrics do not change with where commands run. Every method
-is called on the server's event loop.
+``CommandRunner`` (threads on this machine) and ``ClusterRunner`` (a Ray
+cluster) implement it over one core (``_core.RunnerCore``), so the server, its
+WebSocket protocol and its metrics do not change with where commands run.
+Every method is called on the server's event loop.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
-from wirecut.console.commands import Session, Stream
-from wirecut.console.runner._lifecycle import CommandState
+from wirecut.console.commands import CommandSet, Session, Stream
 
-__all__ = ["CommandRecord", "CommandSink", "Runner", "RunnerObserver"]
+if TYPE_CHECKING:
+    from wirecut.console.runner._core import Command
+    from wirecut.console.runner._record import CompleteFacts
 
-
-class CommandRecord(Protocol):
-    """What a server may read of an accepted command."""
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def line(self) -> str: ...
-
-    @property
-    def accepted_at(self) -> float: ...
-
-    @property
-    def state(self) -> CommandState: ...
-
-    @property
-    def elapsed_ms(self) -> float: ...
+__all__ = ["CommandSink", "Runner", "RunnerObserver"]
 
 
 class CommandSink(Protocol):
@@ -41,25 +26,28 @@ class CommandSink(Protocol):
     ``complete`` comes exactly once per accepted command, and last.
     """
 
-    def started(self, command: CommandRecord) -> None: ...
+    def started(self, command: Command) -> None: ...
 
-    def output(self, command: CommandRecord, stream: Stream, data: str) -> None: ...
+    def output(self, command: Command, stream: Stream, data: str) -> None: ...
 
-    def confirm_required(self, command: CommandRecord, message: str) -> None: ...
+    def confirm_required(self, command: Command, message: str) -> None: ...
 
-    def complete(self, command: CommandRecord, facts: dict[str, Any]) -> None: ...
+    def complete(self, command: Command, facts: CompleteFacts) -> None: ...
 
 
 class RunnerObserver(Protocol):
     """What a runner reports for metrics; called on the event loop."""
 
-    def completed(self, facts: dict[str, Any], cancel_to_complete_ms: float | None) -> None: ...
+    def completed(self, facts: CompleteFacts, cancel_to_complete_ms: float | None) -> None: ...
 
     def output_dropped(self, characters: int) -> None: ...
 
 
 class Runner(Protocol):
-    """Runs a server's commands; see ``CommandRunner`` for the semantics every runner keeps."""
+    """Runs a server's commands; see ``RunnerCore`` for the semantics every runner keeps."""
+
+    #: The commands it accepts (``help`` and ``/api/commands`` list them).
+    commands: CommandSet
 
     def start(self) -> None:
         """Bind to the running event loop, before the first ``submit``."""
@@ -79,13 +67,16 @@ class Runner(Protocol):
         sink: CommandSink,
         *,
         timeout: float | None = None,
-    ) -> CommandRecord:
+    ) -> Command:
         """Accept ``line`` as command ``id``; its news goes to ``sink``."""
 
-    def cancel(self, command: Any, reason: str) -> bool:
+    def cancel(self, command: Command, reason: str) -> bool:
         """Cancel with ``reason`` (first reason wins); False if already cancelled or done."""
 
-    def confirm(self, command: Any) -> bool:
+    def cancel_all(self, commands: Iterable[Command], reason: str) -> int:
+        """Cancel each of ``commands`` in one pass, the cuts first; how many this cancelled."""
+
+    def confirm(self, command: Command) -> bool:
         """The client confirmed; False if the command is not waiting for a confirmation."""
 
     def health(self) -> dict[str, Any]:

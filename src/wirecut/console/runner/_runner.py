@@ -1,26 +1,28 @@
-"""``CommandRunner``: runs console commands on a bounded pool and cancels them for real.
+"""``CommandRunner``: console commands on this machine's worker threads, cancelled for real.
 
-The runner owns the worker threads, each command's ``concurrent.futures.Future``
-and its ``InterruptScope``; it knows nothing about WebSockets. A host (the
-console server) calls ``submit``, ``cancel`` and ``confirm`` from its event
-loop and gets everything back through a ``CommandSink``, also on the loop:
-``started``, ``output``, ``confirm_required`` and exactly one ``complete``.
+The runner is the core (``_core.RunnerCore``) with one placement,
+``ThreadPlacement``: a bounded ``WorkerPool``, each command's
+``concurrent.futures.Future`` and its ``InterruptScope``. It knows nothing
+about WebSockets: a host (the console server) calls ``submit``, ``cancel``
+and ``confirm`` from its event loop and gets everything back through a
+``CommandSink``, also on the loop.
 
-The unwind rule (docs/architecture.md, "The host"). On cancel, timeout, disconnect or
-shutdown: ``scope.cancel(reason)``; if ``Future.cancel()`` is True the command
-never ran and completes at once with ``started: false``; otherwise the runner
-waits for the worker for at most ``unwind_timeout`` and only then decides the
-``complete``, with the facts read from the scope's ledger at that moment. A
-worker still running then is reported ``worker_exited: false``, counted as
-leaked, and its thread is replaced in the pool.
+The unwind rule (docs/architecture.md, "The host"). On cancel, timeout,
+disconnect or shutdown: ``scope.cancel(reason)``; if ``Future.cancel()`` is
+True the command never ran and completes at once with ``started: false``;
+otherwise the runner waits for the worker for at most ``unwind_timeout`` and
+only then decides the ``complete``, with the facts read from the scope's
+ledger at that moment. A worker still running then is reported
+``worker_exited: false``, counted as leaked, and its thread is replaced in the
+pool. The status follows how the worker ended (``_record.decide``): a command
+that returned, or whose commit section passed, completes ``ok`` with the
+cancel as ``late_cancel``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -28,276 +30,145 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from wirecut._record import unwind_timeline, usage_facts
 from wirecut.console.commands import (
-    Command,
     CommandContext,
     CommandError,
+    CommandSet,
     Services,
-    Session,
-    Stream,
-    parse,
+    builtin_commands,
 )
-from wirecut.console.runner._contract import CommandSink, RunnerObserver
-from wirecut.console.runner._lifecycle import CommandEvent, CommandLifecycle, CommandState
-from wirecut.console.runner._output import OutputBuffer, bind_output
+from wirecut.console.runner._contract import RunnerObserver
+from wirecut.console.runner._core import (
+    Accepted,
+    Command,
+    Reporter,
+    RunnerCore,
+    RunnerLimits,
+    Work,
+    call_soon,
+)
+from wirecut.console.runner._lifecycle import CommandEvent, CommandState
+from wirecut.console.runner._output import bind_output
 from wirecut.console.runner._pool import WorkerPool
+from wirecut.console.runner._record import (
+    CompleteFacts,
+    Ending,
+    Lifecycle,
+    Reason,
+)
 from wirecut.provider import ProviderError, Usage
 from wirecut.scope import Interrupted, InterruptScope
 
-__all__ = ["CommandRunner", "RunningCommand"]
+__all__ = ["CommandRunner", "LocalCommand", "RunningCommand", "ThreadPlacement"]
 
 _log = logging.getLogger("wirecut.console")
 
-#: The ``reason`` values of the protocol, and the status each ends a command with.
-STATUS_BY_REASON = {
-    "user": "cancelled",
-    "timeout": "timeout",
-    "disconnect": "cancelled",
-    "shutdown": "cancelled",
-    "lost": "error",
-}
 
+@dataclass(eq=False, kw_only=True)
+class LocalCommand(Command):
+    """A command whose work runs on a worker thread of this process."""
 
-class _NoObserver:
-    def completed(self, facts: dict[str, Any], cancel_to_complete_ms: float | None) -> None:
-        pass
-
-    def output_dropped(self, characters: int) -> None:
-        pass
-
-
-@dataclass(eq=False)
-class RunningCommand:
-    """The runner's record of one accepted command (read it; only the runner changes it)."""
-
-    id: str
-    line: str
-    session: Session
-    sink: CommandSink
+    work: Work
     scope: InterruptScope
-    lifecycle: CommandLifecycle
-    timeout: float
-    accepted_at: float = field(default_factory=time.monotonic)
     future: Future[None] | None = None
-    output: OutputBuffer | None = None
-    #: The first reason the runner cancelled it with (None: it ran to its end).
-    reason: str | None = None
     #: True once the command's own code began (the ``started`` fact).
     ran: bool = False
     started_at: float | None = None
     worker: threading.Thread | None = None
     worker_exited_at: float | None = None
-    #: When its complete was decided (``time.monotonic()``).
-    completed_at: float | None = None
     leaked: bool = False
     usage: Usage = field(default_factory=Usage)
     usage_lock: threading.Lock = field(default_factory=threading.Lock)
     confirm_event: threading.Event | None = None
-    # Set on the loop when there is news for the driver: a cancel, or the worker's end.
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    timeout_handle: asyncio.TimerHandle | None = None
-
-    @property
-    def state(self) -> CommandState:
-        return self.lifecycle.state
-
-    @property
-    def elapsed_ms(self) -> float:
-        return (time.monotonic() - self.accepted_at) * 1000
+    #: What a callable's work returned (``submit_call``).
+    result: Any = None
 
 
-class CommandRunner:
-    """Runs commands for one server. Use from the event loop thread only.
+#: The name this record had before the runners shared their core.
+RunningCommand = LocalCommand
 
-    ``start()`` binds it to the running loop; ``shutdown()`` cancels every
-    command with reason "shutdown" and returns when each has its ``complete``
-    (within the unwind bound).
 
-    Cancellation: see the module docstring. ``escalate_after`` (seconds after
-    the cancel) is when a worker that has not returned gets ``Interrupted``
-    raised asynchronously in its thread: the last resort for pure-Python code
-    that never reaches a cooperative point.
+class ThreadPlacement:
+    """Runs commands on a ``WorkerPool`` of this process, each under its own scope.
+
+    ``services`` and ``commands`` are what every command's context gets;
+    ``reporter`` (the runner) hears of starts and confirmations.
+    Cancellation: see the module docstring.
     """
 
     def __init__(
         self,
         services: Services,
-        *,
-        workers: int = 4,
-        command_timeout: float = 60.0,
-        unwind_timeout: float = 10.0,
-        escalate_after: float | None = None,
-        observer: RunnerObserver | None = None,
+        commands: CommandSet,
+        limits: RunnerLimits,
+        reporter: Reporter,
     ) -> None:
-        for name, value in (
-            ("command_timeout", command_timeout),
-            ("unwind_timeout", unwind_timeout),
-        ):
-            if not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{name} must be a finite number of seconds > 0, not {value!r}")
         self.services = services
-        self.pool = WorkerPool(workers)
-        self.command_timeout = command_timeout
-        self.unwind_timeout = unwind_timeout
-        self.escalate_after = (
-            min(1.0, unwind_timeout / 2) if escalate_after is None else escalate_after
-        )
-        self.observer: RunnerObserver = observer or _NoObserver()
+        self.commands = commands
+        self.limits = limits
+        self.pool = WorkerPool(limits.workers)
+        self._reporter = reporter
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Commands whose complete was not sent yet, or whose worker still runs.
-        self._commands: set[RunningCommand] = set()
-        self._drivers: set[asyncio.Task[None]] = set()
-        self._ids = itertools.count(1)
-        self._closing = False
+        # Commands whose worker may still run: completed leaked ones stay here
+        # (they count in health) until their worker exits at last.
+        self._live: set[LocalCommand] = set()
 
-    # -- host side (event loop) -----------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
 
-    def start(self) -> None:
-        """Bind to the running event loop (call from it, before the first submit)."""
-        self._loop = asyncio.get_running_loop()
+    def stop(self) -> None:
+        self.pool.shutdown()
 
-    def new_id(self) -> str:
-        """An id for a run frame that came without one."""
-        return f"s{next(self._ids)}"
+    # -- Placement ----------------------------------------------------------------------
 
-    @property
-    def saturated(self) -> bool:
-        """True when a command submitted now would wait for a worker."""
-        return self.pool.saturated
-
-    def submit(
-        self,
-        id: str,
-        line: str,
-        session: Session,
-        sink: CommandSink,
-        *,
-        timeout: float | None = None,
-    ) -> RunningCommand:
-        """Accept ``line`` as command ``id``; it runs when a worker is free.
-
-        ``timeout`` (seconds of running time) is capped by ``command_timeout``.
-        A line that does not parse is accepted too and completes at once with
-        status "error" and the usage in ``error``.
-        """
-        loop = self._require_loop()
-        if self._closing:
-            raise RuntimeError("the console is shutting down")
-        limit = self.command_timeout if timeout is None else min(timeout, self.command_timeout)
-        command = RunningCommand(
-            id=id,
-            line=line,
-            session=session,
-            sink=sink,
-            scope=InterruptScope(f"command-{id}"),
-            lifecycle=CommandLifecycle(id),
-            timeout=limit,
-        )
-        command.output = OutputBuffer(
-            loop,
-            lambda stream, data: sink.output(command, stream, data),
-            on_dropped=self.observer.output_dropped,
-        )
-        bind_output(command.scope, command.output)
-        self._commands.add(command)
-        try:
-            found, args = parse(line)
-        except CommandError as exc:
-            command.lifecycle.fire(CommandEvent.REJECT)
-            loop.call_soon(self._complete, command, "error", str(exc))
-            return command
-        command.future = self.pool.submit(self._work, command, found, args)
-        command.future.add_done_callback(lambda _: self._worker_done(command))
-        self._spawn_driver(command)
+    def record(self, accepted: Accepted) -> LocalCommand:
+        scope = InterruptScope(f"command-{accepted.id}")
+        command = LocalCommand.of(accepted, self, work=accepted.work, scope=scope)
+        assert isinstance(command, LocalCommand)
         return command
 
-    def cancel(self, command: RunningCommand, reason: str) -> bool:
-        """Cancel ``command`` with ``reason``; False if it was cancelled or decided already.
+    def launch(self, command: Command) -> None:
+        assert isinstance(command, LocalCommand)
+        assert command.output is not None
+        bind_output(command.scope, command.output)
+        self._live.add(command)
+        command.future = self.pool.submit(self._work, command)
+        command.future.add_done_callback(lambda _: self._worker_done(command))
 
-        The first reason wins. Never blocks: the scope's cuts are shutdowns
-        and signals, and the wait for the worker happens in the driver task.
-        """
-        if command.reason is not None or command.state is CommandState.DONE:
-            return False
-        command.reason = reason
-        command.lifecycle.fire(CommandEvent.CANCEL)
-        command.scope.cancel(reason, escalate_after=self.escalate_after)
-        assert command.future is not None  # a parse failure is DONE already
-        if command.future.cancel():
-            command.lifecycle.fire(CommandEvent.DROP)
-        command.wake.set()
-        return True
+    def cancel(self, command: Command, reason: Reason) -> bool:
+        assert isinstance(command, LocalCommand)
+        assert command.future is not None
+        command.scope.cancel(reason, escalate_after=self.limits.escalation)
+        return command.future.cancel()
 
-    def confirm(self, command: RunningCommand) -> bool:
-        """The client confirmed; False if the command is not waiting for a confirmation."""
+    def confirm(self, command: Command) -> bool:
+        assert isinstance(command, LocalCommand)
         event = command.confirm_event
-        if event is None or event.is_set() or command.state is not CommandState.RUNNING:
+        if event is None or event.is_set():
             return False
         event.set()
         return True
 
-    def live(self, session: Session | None = None) -> list[RunningCommand]:
-        """Commands not yet completed (of ``session``, if given), oldest first."""
-        found = [
-            c
-            for c in self._commands
-            if c.state is not CommandState.DONE and (session is None or c.session is session)
-        ]
-        return sorted(found, key=lambda c: c.accepted_at)
-
-    def health(self) -> dict[str, Any]:
-        """The ``/api/health`` body (protocol)."""
-        sockets = processes = 0
-        for command in list(self._commands):
-            counts = command.scope.live()
-            sockets += counts["sockets"]
-            processes += counts["processes"]
-        return {
-            "status": "ok",
-            "workers": {
-                "max": self.pool.workers,
-                "busy": self.pool.busy,
-                "queued": self.pool.queued,
-                "leaked": sum(1 for c in self._commands if c.leaked),
-            },
-            "requests": {"open": sockets},
-            "processes": {"open": processes},
-        }
-
-    async def shutdown(self, reason: str = "shutdown") -> None:
-        """Cancel every command with ``reason`` and wait for their ``complete``; stop the pool."""
-        self._closing = True
-        for command in self.live():
-            self.cancel(command, reason)
-        if self._drivers:
-            await asyncio.wait(set(self._drivers))
-        self.pool.shutdown()
-
-    # -- the driver (event loop) ------------------------------------------------------
-
-    def _spawn_driver(self, command: RunningCommand) -> None:
-        task = asyncio.get_running_loop().create_task(self._drive(command))
-        self._drivers.add(task)
-        task.add_done_callback(self._drivers.discard)
-
-    async def _drive(self, command: RunningCommand) -> None:
+    async def settle(self, command: Command) -> CompleteFacts:
+        assert isinstance(command, LocalCommand)
         assert command.future is not None
         await command.wake.wait()
+        unwind = self.limits.unwind_timeout
         if command.reason is None:
             # It ran to its end by itself. If it left something running (a
             # spawned thread, a process), cut that: nothing of a finished
-            # command runs on.
+            # command runs on, and its timeline shows the cut.
             if any(command.scope.live().values()):
-                command.scope.cancel("finished", escalate_after=self.escalate_after)
-                await self._wait_quiescent(command, time.monotonic() + self.unwind_timeout)
+                command.scope.cancel("finished", escalate_after=self.limits.escalation)
+                await _wait_quiescent(command, time.monotonic() + unwind)
             command.lifecycle.fire(CommandEvent.FINISH)
-            self._complete(command, *self._outcome(command))
-            return
+            return self._facts(command)
         if command.state is CommandState.DONE:  # Dropped while queued: it never ran.
-            self._complete(command, STATUS_BY_REASON.get(command.reason, "cancelled"))
-            return
+            self._live.discard(command)
+            return CompleteFacts.unstarted(command.reason, elapsed_ms=command.elapsed_ms)
         assert command.scope.cancelled_at is not None
-        deadline = command.scope.cancelled_at + self.unwind_timeout
+        deadline = command.scope.cancelled_at + unwind
         while command.worker_exited_at is None and time.monotonic() < deadline:
             command.wake.clear()
             try:
@@ -311,177 +182,203 @@ class CommandRunner:
                 self.pool.retire(command.worker)
             _log.warning("command %s: worker still running after the unwind bound", command.id)
         else:
-            await self._wait_quiescent(command, deadline)
+            await _wait_quiescent(command, deadline)
             command.lifecycle.fire(CommandEvent.FINISH)
-        self._complete(command, STATUS_BY_REASON.get(command.reason, "cancelled"))
+        return self._facts(command)
 
-    async def _wait_quiescent(self, command: RunningCommand, deadline: float) -> None:
-        # The worker returned; a process it started may still be in its kill
-        # grace (it counts until its group is dead). Wait for that, bounded.
-        if any(command.scope.live().values()):
-            remaining = max(0.0, deadline - time.monotonic())
-            await asyncio.to_thread(command.scope.wait_quiescent, remaining)
+    # -- the facts ------------------------------------------------------------------------
 
-    def _outcome(self, command: RunningCommand) -> tuple[str, str | None]:
-        """Status and error of a command that ended by itself."""
-        assert command.future is not None
-        exc = command.future.exception()
-        if exc is None:
-            return "ok", None
-        if isinstance(exc, CommandError | ProviderError | Interrupted):
-            # Interrupted here: cut by a scope of its own, not by the runner.
-            return "error", str(exc)
-        _log.error("command %s failed", command.id, exc_info=exc)
-        return "error", f"{type(exc).__name__}: {exc}"
-
-    def _complete(self, command: RunningCommand, status: str, error: str | None = None) -> None:
-        """Decide and send the one ``complete`` of ``command``."""
-        command.completed_at = time.monotonic()
-        if command.timeout_handle is not None:
-            command.timeout_handle.cancel()
-        if command.output is not None:
-            command.output.close()  # Sends what is left; drops anything later.
-        facts = self._facts(command, status, error)
-        if not command.leaked:  # A leaked one stays counted until its worker exits.
-            self._commands.discard(command)
-        command.sink.complete(command, facts)
-        cancelled_at = command.scope.cancelled_at
-        to_complete = None
-        if command.reason is not None and cancelled_at is not None:
-            to_complete = (command.completed_at - cancelled_at) * 1000
-        self.observer.completed(facts, to_complete)
-
-    def _facts(self, command: RunningCommand, status: str, error: str | None) -> dict[str, Any]:
+    def _facts(self, command: LocalCommand) -> CompleteFacts:
+        """The ``complete`` of a command whose worker ended (or passed the unwind bound)."""
         scope = command.scope
         counts = scope.live()
-        started = command.ran
-        worker_exited = command.worker_exited_at is not None or command.future is None
-        if command.future is not None and command.future.cancelled():
-            worker_exited = True  # Dropped while queued: no worker ran it.
-        lifecycle: dict[str, Any] = {
-            "worker_exited": worker_exited,
-            "open_requests": counts["sockets"],
-            "open_processes": counts["processes"],
-            "started": started,
-        }
-        if command.reason is not None and scope.cancelled_at is not None:
-            timeline: list[dict[str, Any]] = [
-                {"event": str(event), "ms": round(ms, 3)} for event, ms in scope.timeline
-            ]
-            if command.worker_exited_at is not None and started:
-                exited_ms = (command.worker_exited_at - scope.cancelled_at) * 1000
-                timeline.append({"event": "worker_exited", "ms": round(max(exited_ms, 0.0), 3)})
-                timeline.sort(key=lambda step: float(step["ms"]))
-            lifecycle["timeline"] = timeline
-        if command.leaked:
-            lifecycle["open_threads"] = counts["threads"]
+        exited = command.worker_exited_at is not None
+        if not command.leaked:
+            self._live.discard(command)
+        ran_and_exited = command.worker_exited_at if command.ran else None
+        steps = unwind_timeline(scope, ran_and_exited)
+        lifecycle = Lifecycle(
+            worker_exited=exited,
+            open_requests=counts["sockets"],
+            open_processes=counts["processes"],
+            started=command.ran,
+            timeline=steps,
+            open_threads=counts["threads"] if command.leaked else None,
+        )
+        ending, error = _ending(command)
         with command.usage_lock:
-            usage = {
-                "prompt_tokens": command.usage.prompt_tokens,
-                "completion_tokens": command.usage.completion_tokens,
-                "requests": command.usage.requests,
-            }
+            usage = usage_facts(command.usage)
+        return CompleteFacts.ended(
+            ending,
+            command.reason,
+            error=error,
+            elapsed_ms=command.elapsed_ms,
+            usage=usage,
+            lifecycle=lifecycle,
+            committed=scope.committed,
+        )
+
+    # -- health ---------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        """The protocol's ``/api/health`` body for this process's threads."""
+        sockets = processes = 0
+        for command in list(self._live):
+            counts = command.scope.live()
+            sockets += counts["sockets"]
+            processes += counts["processes"]
         return {
-            "status": status,
-            "error": error,
-            "elapsed_ms": round(command.elapsed_ms, 3),
-            "reason": command.reason,
-            "usage": usage,
-            "lifecycle": lifecycle,
+            "status": "ok",
+            "workers": {
+                "max": self.pool.workers,
+                "busy": self.pool.busy,
+                "queued": self.pool.queued,
+                "leaked": sum(1 for c in self._live if c.leaked),
+            },
+            "requests": {"open": sockets},
+            "processes": {"open": processes},
         }
 
-    # -- worker side ------------------------------------------------------------------
+    # -- worker side ------------------------------------------------------------------------
 
-    def _work(self, command: RunningCommand, found: Command, args: list[str]) -> None:
+    def _work(self, command: LocalCommand) -> None:
         """Runs on a pool thread: the command under its scope, bound here (scope.run)."""
         command.worker = threading.current_thread()
         command.lifecycle.fire(CommandEvent.START)
+        output = command.output
+        assert output is not None
         context = CommandContext(
             id=command.id,
             line=command.line,
             scope=command.scope,
             session=command.session,
             services=self.services,
-            output=self._writer(command),
+            commands=self.commands,
+            output=output.write,
             confirm=lambda message: self._ask_confirm(command, message),
             add_usage=lambda usage: _add_usage(command, usage),
         )
+        work = command.work
 
         def body() -> None:
             command.ran = True
             command.started_at = time.monotonic()
-            self._call_soon(self._on_started, command)
-            found.fn(context, args)
+            self._call_soon(self._reporter.started, command)
+            if callable(work):
+                command.result = work(context)
+            else:
+                found, args = work
+                found.fn(context, args)
 
         command.scope.run(body)
 
-    def _writer(self, command: RunningCommand) -> Callable[[Stream, str], None]:
-        output = command.output
-        assert output is not None
-
-        def write(stream: Stream, data: str) -> None:
-            output.write(stream, data)
-
-        return write
-
-    def _ask_confirm(self, command: RunningCommand, message: str) -> bool:
+    def _ask_confirm(self, command: LocalCommand, message: str) -> bool:
         event = threading.Event()
         command.confirm_event = event
-        self._call_soon(self._on_confirm_required, command, message)
+        self._call_soon(self._reporter.confirm_required, command, message)
         command.scope.wait(event)  # A cancel or the timeout ends it with Interrupted.
         return True
 
-    def _worker_done(self, command: RunningCommand) -> None:
+    def _worker_done(self, command: LocalCommand) -> None:
         # The future's done callback: on the worker thread, or on the loop for
         # a future cancelled while queued.
-        exited = time.monotonic()
-        self._call_soon(self._on_worker_done, command, exited)
+        self._call_soon(self._on_worker_done, command, time.monotonic())
 
     def _call_soon(self, fn: Callable[..., None], *args: Any) -> None:
-        loop = self._require_loop()
-        try:
-            loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:
-            pass  # The loop is closed: the server is gone.
+        assert self._loop is not None
+        call_soon(self._loop, fn, *args)
 
-    # -- news from the worker, on the loop ----------------------------------------------
-
-    def _on_started(self, command: RunningCommand) -> None:
-        if command.state is CommandState.DONE:
-            return
-        command.sink.started(command)
-        if command.state is CommandState.RUNNING:
-            command.timeout_handle = self._require_loop().call_later(
-                command.timeout, self.cancel, command, "timeout"
-            )
-
-    def _on_confirm_required(self, command: RunningCommand, message: str) -> None:
-        if command.state is CommandState.RUNNING:
-            command.sink.confirm_required(command, message)
-
-    def _on_worker_done(self, command: RunningCommand, exited: float) -> None:
+    def _on_worker_done(self, command: LocalCommand, exited: float) -> None:
         assert command.future is not None
         if not command.future.cancelled():
             command.worker_exited_at = exited
         if command.leaked:
             # Its complete went out long ago; now it is really gone.
             command.leaked = False
-            self._commands.discard(command)
+            self._live.discard(command)
             _log.warning("command %s: the leaked worker exited at last", command.id)
             return
         command.wake.set()
 
-    def _require_loop(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None:
-            raise RuntimeError("CommandRunner.start() was not called from the event loop")
-        return self._loop
+
+class CommandRunner(RunnerCore):
+    """Runs one server's commands on this machine. Use from the event loop thread only.
+
+    ``commands`` (default: ``builtin_commands()``) are the lines it accepts;
+    ``limits`` its pool size and bounds. ``start()`` binds it to the running
+    loop; ``shutdown()`` cancels every command with reason "shutdown" and
+    returns when each has its ``complete`` (within the unwind bound).
+
+    Cancellation: see the module docstring.
+    """
+
+    def __init__(
+        self,
+        services: Services,
+        *,
+        commands: CommandSet | None = None,
+        limits: RunnerLimits | None = None,
+        observer: RunnerObserver | None = None,
+    ) -> None:
+        super().__init__(
+            commands if commands is not None else builtin_commands(),
+            limits if limits is not None else RunnerLimits(),
+            observer=observer,
+        )
+        self.services = services
+        self.threads = ThreadPlacement(services, self.commands, self.limits, self)
+
+    @property
+    def pool(self) -> WorkerPool:
+        return self.threads.pool
+
+    @property
+    def saturated(self) -> bool:
+        """True when a command submitted now would wait for a worker."""
+        return self.pool.saturated
+
+    def health(self) -> dict[str, Any]:
+        """The ``/api/health`` body (protocol)."""
+        return self.threads.health()
+
+    def _route(self, line: str) -> tuple[ThreadPlacement, Work]:
+        return self.threads, self.commands.parse(line)
+
+    def _call_placement(self) -> ThreadPlacement:
+        return self.threads
+
+    def _start_placements(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.threads.start(loop)
+
+    async def _stop_placements(self) -> None:
+        self.threads.stop()
 
 
-def _add_usage(command: RunningCommand, part: Usage) -> None:
+async def _wait_quiescent(command: LocalCommand, deadline: float) -> None:
+    # The worker returned; a process it started may still be in its kill
+    # grace (it counts until its group is dead). Wait for that, bounded.
+    if any(command.scope.live().values()):
+        remaining = max(0.0, deadline - time.monotonic())
+        await asyncio.to_thread(command.scope.wait_quiescent, remaining)
+
+
+def _ending(command: LocalCommand) -> tuple[Ending, str | None]:
+    """How the worker ended, and the error to report if that is the status."""
+    future = command.future
+    if command.worker_exited_at is None or future is None or future.cancelled():
+        return Ending.CUT, None
+    exc = future.exception()
+    if exc is None:
+        return Ending.RETURNED, None
+    if isinstance(exc, Interrupted):
+        # With no cancel of the runner's: a scope of its own cut it.
+        return Ending.CUT, str(exc)
+    if isinstance(exc, CommandError | ProviderError):
+        return Ending.FAILED, str(exc)
+    _log.error("command %s failed", command.id, exc_info=exc)
+    return Ending.FAILED, f"{type(exc).__name__}: {exc}"
+
+
+def _add_usage(command: LocalCommand, part: Usage) -> None:
     with command.usage_lock:
-        total = command.usage
-        total.prompt_tokens += part.prompt_tokens
-        total.completion_tokens += part.completion_tokens
-        total.total_tokens += part.total_tokens
-        total.requests += part.requests
-        total.estimated = total.estimated or part.estimated
+        command.usage.add(part)  # An unknown count stays unknown (null on the wire).

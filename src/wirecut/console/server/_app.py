@@ -1,12 +1,16 @@
 """The console's Starlette app: ``/api/console``, ``/api/health``, ``/metrics``, the page.
 
-Authentication: every API route wants the server's token, as ``?token=`` or
-``Authorization: Bearer``, compared in constant time. The WebSocket closes
-with 4401 on a wrong or missing token and 4403 on an ``Origin`` that is not
-the server's own (a client that sends no Origin, like a terminal client, is
-allowed: the browser is the one that sends a foreign page's Origin). The page
-(``/`` and ``/static``) is public: it holds no data, and it reads the token
-from its own URL.
+Every route first passes ``HostGuard``: a ``Host`` the server is not
+reachable by gets 421 before anything else runs (DNS rebinding,
+``_access.py``). Authentication: every API route wants the server's token, as
+``?token=`` or ``Authorization: Bearer``, compared in constant time. The
+WebSocket closes with 4401 on a wrong or missing token and 4403 on an
+``Origin`` that is not the server's own (a client that sends no Origin, like a
+terminal client, is allowed: the browser is the one that sends a foreign
+page's Origin). The page (``/`` and ``/static``) is public: it holds no data,
+and it reads the token from its own URL. ``/api/proof`` is public too: it
+proves that this server holds the token without revealing it (``serve.json``
+may be stale; docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -15,12 +19,14 @@ import asyncio
 import contextlib
 import hmac
 import importlib.resources
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
@@ -28,7 +34,10 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
 from wirecut.console.runner import Runner, route_stdio
+from wirecut.console.server._access import PROOF_CHALLENGE, HostGuard, HostPolicy, proof
+from wirecut.console.server._catalog import catalog
 from wirecut.console.server._connection import Connection
+from wirecut.console.server._limits import ConnectionGuard, ConnectionLimits, Dropped
 from wirecut.console.server._metrics import CONTENT_TYPE, ConsoleMetrics
 
 __all__ = ["ConsoleState", "create_app"]
@@ -57,6 +66,13 @@ class ConsoleState:
     metrics: ConsoleMetrics
     token: str | None
     connections: set[Connection] = field(default_factory=set)
+    #: The ``Host`` names it answers to.
+    hosts: HostPolicy = field(default_factory=lambda: HostPolicy.for_bind("127.0.0.1"))
+    #: This server's random id: in ``serve.json``, and in every ``/api/proof``.
+    instance: str = field(default_factory=lambda: secrets.token_urlsafe(16))
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    #: The server's connections (None until a server is built around the app).
+    guard: ConnectionGuard | None = None
 
     def authorized(self, conn: HTTPConnection) -> bool:
         if self.token is None:
@@ -69,13 +85,22 @@ class ConsoleState:
             return False
         return hmac.compare_digest(given.encode(), self.token.encode())
 
-    async def shutdown(self, drain_seconds: float = 2.0) -> None:
-        """Cancel every command with reason "shutdown", send each its complete, then return."""
+    async def shutdown(self, drain_seconds: float | None = None) -> None:
+        """Cancel every command with reason "shutdown", send each its complete, then return.
+
+        The frames get ``drain_seconds`` (default: ``limits.drain_timeout``) to
+        reach clients that read slowly.
+        """
         await self.runner.shutdown("shutdown")
+        bound = self.limits.drain_timeout if drain_seconds is None else drain_seconds
         if self.connections:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(drain_seconds):
+                async with asyncio.timeout(bound):
                     await asyncio.gather(*(c.drain() for c in list(self.connections)))
+
+    def slow_reader(self) -> None:
+        if self.guard is not None:
+            self.guard.note(Dropped.SLOW_READER)
 
 
 def _same_origin(conn: HTTPConnection) -> bool:
@@ -98,7 +123,13 @@ def create_app(state: ConsoleState) -> Starlette:
         if not _same_origin(websocket):
             await websocket.close(CLOSE_FORBIDDEN_ORIGIN, "this Origin may not use the console")
             return
-        connection = Connection(websocket, state.runner)
+        connection = Connection(
+            websocket,
+            state.runner,
+            max_outbox=state.limits.max_outbox,
+            close_timeout=state.limits.close_timeout,
+            on_slow_reader=state.slow_reader,
+        )
         state.connections.add(connection)
         try:
             await connection.serve()
@@ -108,12 +139,36 @@ def create_app(state: ConsoleState) -> Starlette:
     async def health(request: Request) -> Response:
         if not state.authorized(request):
             return JSONResponse({"error": "a valid token is required"}, status_code=401)
-        return JSONResponse(state.runner.health())
+        body = state.runner.health()
+        if state.metrics.slot_watch is not None:
+            body = {**body, "slots": state.metrics.slot_watch.health()}
+        return JSONResponse(body)
+
+    async def commands(request: Request) -> Response:
+        if not state.authorized(request):
+            return JSONResponse({"error": "a valid token is required"}, status_code=401)
+        return JSONResponse(catalog(state.runner.commands))
 
     async def metrics(request: Request) -> Response:
         if not state.authorized(request):
             return JSONResponse({"error": "a valid token is required"}, status_code=401)
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def prove(request: Request) -> Response:
+        # Public: a client holding the token from serve.json checks the answer
+        # before it sends the token. An HMAC does not reveal its key.
+        if state.token is None:
+            return JSONResponse({"error": "this console requires no token"}, status_code=404)
+        challenge = request.query_params.get("challenge", "")
+        if not PROOF_CHALLENGE.fullmatch(challenge):
+            return JSONResponse(
+                {"error": "'challenge' must be 32 to 128 characters of A-Z a-z 0-9 _ -"},
+                status_code=400,
+            )
+        return JSONResponse(
+            {"proof": proof(state.token, state.instance, challenge)},
+            headers={"Cache-Control": "no-store"},
+        )
 
     async def page(request: Request) -> Response:
         index = _STATIC / "index.html"
@@ -125,14 +180,19 @@ def create_app(state: ConsoleState) -> Starlette:
         with route_stdio():
             yield
             await state.shutdown()
+            if state.metrics.slot_watch is not None:
+                await state.metrics.slot_watch.aclose()
 
     return Starlette(
         routes=[
             Route("/", page),
             Route("/api/health", health),
+            Route("/api/commands", commands),
+            Route("/api/proof", prove),
             Route("/metrics", metrics),
             WebSocketRoute("/api/console", console),
             Mount("/static", StaticFiles(directory=str(_STATIC)), name="static"),
         ],
+        middleware=[Middleware(HostGuard, policy=state.hosts)],
         lifespan=lifespan,
     )

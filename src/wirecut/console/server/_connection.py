@@ -6,6 +6,15 @@ leave in the order they were decided (``accepted`` before ``started`` before
 ``output`` before ``complete``). Closing the connection, cleanly or not,
 cancels each of its commands with reason "disconnect"; their ``complete``
 frames then have nowhere to go and are dropped.
+
+The queue is bounded in bytes (``max_outbox``): a client that sends and never
+reads (a ping flood, a thousand ``memory list``) made the server hold every
+answer, hundreds of MiB. Past the bound the connection is closed with code
+4429 and its commands are cancelled with reason "disconnect", as if it had
+left; the close frame waits at most ``close_timeout`` for room in the socket,
+then the transport is cut (a client that does not read would not see it
+anyway). Its commands are not slowed down instead: a worker that blocks on a
+client's socket holds a worker of every other client too.
 """
 
 from __future__ import annotations
@@ -13,36 +22,58 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from starlette.websockets import WebSocket
 
 from wirecut import __version__
 from wirecut.console.commands import Session, Stream
-from wirecut.console.runner import CommandRecord, CommandState, Runner
+from wirecut.console.runner import CommandRecord, CommandState, CompleteFacts, Runner
 from wirecut.console.server._frames import Cancel, Confirm, FrameError, Ping, Run, parse_frame
+from wirecut.console.server._limits import TRANSPORT_EXTENSION
 
-__all__ = ["MAX_LIVE_COMMANDS", "PROMPT", "Connection"]
+__all__ = ["CLOSE_SLOW_READER", "FRAME_OVERHEAD", "MAX_LIVE_COMMANDS", "PROMPT", "Connection"]
 
 _log = logging.getLogger("wirecut.console")
 
 PROMPT = "wirecut> "
 #: Commands one connection may have accepted and not completed at once.
 MAX_LIVE_COMMANDS = 256
+#: The close code for a client whose unsent frames passed the outbox bound.
+CLOSE_SLOW_READER = 4429
+#: What a queued frame costs besides its characters (the str object, the queue slot).
+FRAME_OVERHEAD = 64
 
 
 class Connection:
     """The server side of one console connection. Event loop only."""
 
-    def __init__(self, websocket: WebSocket, runner: Runner) -> None:
+    def __init__(
+        self,
+        websocket: WebSocket,
+        runner: Runner,
+        *,
+        max_outbox: int = 4 * 1024 * 1024,
+        close_timeout: float = 5.0,
+        on_slow_reader: Callable[[], None] = lambda: None,
+    ) -> None:
         self.websocket = websocket
         self.runner = runner
         self.session = Session(jobs=self._jobs_threadsafe)
+        self.max_outbox = max_outbox
+        self.close_timeout = close_timeout
+        self._on_slow_reader = on_slow_reader
         self._commands: dict[str, CommandRecord] = {}  # live ones, by the client's id
-        self._outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self._outbox: asyncio.Queue[str | None] = asyncio.Queue()
+        #: Bytes of the frames queued and not yet sent (each counted with FRAME_OVERHEAD).
+        self.outbox_bytes = 0
         self._loop = asyncio.get_running_loop()
         self._sender: asyncio.Task[None] | None = None
+        self._closer: asyncio.Task[None] | None = None
         self.closed = False
+        #: True once the connection was closed for not reading (4429).
+        self.slow_reader = False
 
     async def serve(self) -> None:
         """Run the connection until the client leaves; then cancel what it left running."""
@@ -57,12 +88,19 @@ class Connection:
                 if text is None:
                     self.error("binary frames are not supported: send JSON text frames")
                     continue
-                self.handle(text)
+                try:
+                    self.handle(text)
+                except Exception:
+                    # A bug of ours must not take the connection and its
+                    # commands down with it: the client hears of it, and the log.
+                    _log.exception("handling a frame failed")
+                    self.error("the server failed to handle this frame (see its log)")
         finally:
             self.closed = True
-            for command in list(self._commands.values()):
-                self.runner.cancel(command, "disconnect")
+            self.runner.cancel_all(self._commands.values(), "disconnect")
             self._outbox.put_nowait(None)
+            if self._closer is not None:
+                await asyncio.shield(self._closer)
 
     async def drain(self) -> None:
         """Wait until every frame queued so far was sent, then stop the sender.
@@ -72,7 +110,9 @@ class Connection:
         """
         self._outbox.put_nowait(None)
         if self._sender is not None:
-            await asyncio.shield(self._sender)
+            # wait(), not the task itself: a sender cancelled for a slow
+            # reader must not cancel the drain of every other connection.
+            await asyncio.wait({self._sender})
 
     # -- frames in -------------------------------------------------------------------
 
@@ -80,7 +120,13 @@ class Connection:
         try:
             frame = parse_frame(text)
         except FrameError as exc:
-            self.error(str(exc), exc.id)
+            # A run frame's error is its refusal and carries its id; an id of
+            # a cancel or confirm is named only while live (after its
+            # complete, nothing more carries it).
+            if exc.id is not None and exc.kind != "run" and exc.id not in self._commands:
+                self._not_live(str(exc), exc.id)
+            else:
+                self.error(str(exc), exc.id)
             return
         if isinstance(frame, Ping):
             self.send({"type": "pong"})
@@ -92,7 +138,12 @@ class Connection:
             self._confirm(frame)
 
     def _run(self, frame: Run) -> None:
-        id = frame.id if frame.id is not None else self.runner.new_id()
+        if frame.id is not None:
+            id = frame.id
+        else:
+            id = self.runner.new_id()
+            while id in self._commands:  # the client chose it: take the next one
+                id = self.runner.new_id()
         if id in self._commands:
             self.error(f"id {id!r} is already live on this connection", id)
             return
@@ -112,19 +163,18 @@ class Connection:
 
     def _cancel(self, frame: Cancel) -> None:
         if frame.id is None:
-            for command in list(self._commands.values()):
-                self.runner.cancel(command, "user")
+            self.runner.cancel_all(self._commands.values(), "user")
             return
         found = self._commands.get(frame.id)
         if found is None:
-            self.error(f"no live command with id {frame.id!r}", frame.id)
+            self._not_live(f"no live command with id {frame.id!r}", frame.id)
             return
         self.runner.cancel(found, "user")
 
     def _confirm(self, frame: Confirm) -> None:
         command = self._commands.get(frame.id)
         if command is None:
-            self.error(f"no live command with id {frame.id!r}", frame.id)
+            self._not_live(f"no live command with id {frame.id!r}", frame.id)
         elif not self.runner.confirm(command):
             self.error(f"command {frame.id!r} is not waiting for a confirmation", frame.id)
 
@@ -139,30 +189,86 @@ class Connection:
     def confirm_required(self, command: CommandRecord, message: str) -> None:
         self.send({"type": "confirm_required", "id": command.id, "message": message})
 
-    def complete(self, command: CommandRecord, facts: dict[str, Any]) -> None:
+    def complete(self, command: CommandRecord, facts: CompleteFacts) -> None:
         if self._commands.get(command.id) is command:
             del self._commands[command.id]
-        self.send({"type": "complete", "id": command.id, **facts})
+        self.send({"type": "complete", "id": command.id, **facts.to_wire()})
 
     # -- frames out ----------------------------------------------------------------------
 
     def error(self, message: str, id: str | None = None) -> None:
         self.send({"type": "error", "id": id, "message": message})
 
+    def _not_live(self, message: str, id: str) -> None:
+        # `complete` is the last frame for an id: an error about an id that
+        # is not live (completed, or never run) carries "id": null, and the
+        # id in its message and in "ref" (docs/protocol.md).
+        if repr(id) not in message:
+            message = f"{message} (id {id!r} is not live)"
+        self.send({"type": "error", "id": None, "message": message, "ref": id})
+
     def send(self, frame: dict[str, Any]) -> None:
-        if not self.closed:
-            self._outbox.put_nowait(frame)
+        if self.closed:
+            return
+        text = json.dumps(frame)
+        cost = len(text) + FRAME_OVERHEAD
+        # A frame alone always goes (one large output is not a slow reader).
+        if self.outbox_bytes and self.outbox_bytes + cost > self.max_outbox:
+            self._slow_reader()
+            return
+        self.outbox_bytes += cost
+        self._outbox.put_nowait(text)
+
+    def _slow_reader(self) -> None:
+        """The client let more than ``max_outbox`` bytes wait: close 4429, as if it had left."""
+        self.closed = True
+        self.slow_reader = True
+        self._on_slow_reader()
+        _log.warning(
+            "closing a console connection that does not read its frames "
+            "(%d bytes waiting, at most %d)",
+            self.outbox_bytes,
+            self.max_outbox,
+        )
+        self._closer = self._loop.create_task(self._close_slow_reader())
+
+    async def _close_slow_reader(self) -> None:
+        # Called back from the runner (output, complete): cancel from a task of its own.
+        self.runner.cancel_all(self._commands.values(), "disconnect")
+        if self._sender is not None:
+            self._sender.cancel()
+        while not self._outbox.empty():  # what waited is dropped with the connection
+            self._outbox.get_nowait()
+        self.outbox_bytes = 0
+        try:
+            async with asyncio.timeout(self.close_timeout):
+                await self.websocket.close(
+                    CLOSE_SLOW_READER,
+                    f"this client did not read its frames (more than {self.max_outbox} bytes "
+                    "waited); its commands were cancelled",
+                )
+            return
+        except TimeoutError:
+            pass  # No room for even the close frame: the client reads nothing.
+        except Exception:  # It left meanwhile.
+            _log.debug("closing a slow reader failed", exc_info=True)
+            return
+        extension = self.websocket.scope.get("extensions", {}).get(TRANSPORT_EXTENSION)
+        if extension is not None:
+            extension["abort"]()
 
     async def _send_loop(self) -> None:
         while True:
-            frame = await self._outbox.get()
-            if frame is None:
+            text = await self._outbox.get()
+            if text is None:
                 return
             try:
-                await self.websocket.send_text(json.dumps(frame))
+                await self.websocket.send_text(text)
             except Exception:  # The client left: the receive side sees it and cleans up.
                 _log.debug("dropping a frame for a closed connection", exc_info=True)
                 return
+            finally:
+                self.outbox_bytes = max(0, self.outbox_bytes - len(text) - FRAME_OVERHEAD)
 
     def _jobs_threadsafe(self) -> list[tuple[str, str, str, float]]:
         # Called by the `jobs` command on a worker thread: read on the loop.

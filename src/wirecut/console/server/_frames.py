@@ -35,11 +35,16 @@ MAX_ID_CHARS = 64
 
 
 class FrameError(Exception):
-    """A frame the protocol does not allow; ``id`` is the frame's id when it had a usable one."""
+    """A frame the protocol does not allow.
 
-    def __init__(self, message: str, id: str | None = None) -> None:
+    ``id`` is the frame's id when it had a usable one, ``kind`` its type when
+    it had a known one.
+    """
+
+    def __init__(self, message: str, id: str | None = None, kind: str | None = None) -> None:
         super().__init__(message)
         self.id = id
+        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,10 @@ def parse_frame(text: str) -> Frame:
         data = json.loads(text)
     except ValueError as exc:
         raise FrameError(f"not JSON: {exc}") from None
+    except RecursionError:
+        # json's C decoder recurses once per level: 1,100 bytes of "[[[[" reach
+        # the interpreter's limit. No frame of the protocol nests past one level.
+        raise FrameError("not a frame: JSON nested too deeply") from None
     if not isinstance(data, dict):
         raise FrameError(f"a frame must be a JSON object, not {type(data).__name__}")
     kind = data.get("type")
@@ -89,10 +98,10 @@ def parse_frame(text: str) -> Frame:
         raise FrameError("'type' is missing or not a string")
     if kind not in _FIELDS:
         raise FrameError(f"unknown type {kind!r} (expected one of: run, confirm, cancel, ping)")
-    id = _id(data, required=kind == "confirm")
+    id = _id(data, required=kind == "confirm", kind=kind)
     unknown = sorted(set(data) - _FIELDS[kind])
     if unknown:
-        raise FrameError(f"unknown field(s) for {kind}: {', '.join(unknown)}", id)
+        raise FrameError(f"unknown field(s) for {kind}: {', '.join(unknown)}", id, kind)
     if kind == "ping":
         return Ping()
     if kind == "cancel":
@@ -102,22 +111,26 @@ def parse_frame(text: str) -> Frame:
         return Confirm(id)
     line = data.get("line")
     if not isinstance(line, str):
-        raise FrameError("'line' is missing or not a string", id)
+        raise FrameError("'line' is missing or not a string", id, kind)
     if len(line) > MAX_LINE_CHARS:
-        raise FrameError(f"'line' too long: {len(line)} characters (at most {MAX_LINE_CHARS})", id)
+        raise FrameError(
+            f"'line' too long: {len(line)} characters (at most {MAX_LINE_CHARS})", id, kind
+        )
     return Run(id, line, _timeout(data.get("timeout"), id))
 
 
-def _id(data: dict[str, Any], *, required: bool) -> str | None:
+def _id(data: dict[str, Any], *, required: bool, kind: str) -> str | None:
     if "id" not in data or (data["id"] is None and not required):
         if required:
-            raise FrameError("'id' is required")
+            raise FrameError("'id' is required", kind=kind)
         return None
     value = data["id"]
     if not isinstance(value, str):
-        raise FrameError(f"'id' must be a string, not {type(value).__name__}")
+        raise FrameError(f"'id' must be a string, not {type(value).__name__}", kind=kind)
     if not 1 <= len(value) <= MAX_ID_CHARS:
-        raise FrameError(f"'id' must be 1 to {MAX_ID_CHARS} characters, not {len(value)}")
+        raise FrameError(
+            f"'id' must be 1 to {MAX_ID_CHARS} characters, not {len(value)}", kind=kind
+        )
     return value
 
 
@@ -125,7 +138,11 @@ def _timeout(value: Any, id: str | None) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise FrameError(f"'timeout' must be a number of seconds, not {type(value).__name__}", id)
+        raise FrameError(
+            f"'timeout' must be a number of seconds, not {type(value).__name__}", id, "run"
+        )
     if not math.isfinite(value) or value <= 0:
-        raise FrameError(f"'timeout' must be a finite number of seconds > 0, not {value}", id)
+        raise FrameError(
+            f"'timeout' must be a finite number of seconds > 0, not {value}", id, "run"
+        )
     return float(value)

@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from wirecut.console.runner import Runner
+from wirecut.console.runner import CompleteFacts, Runner
+from wirecut.console.server._slot_watch import SlotWatch
 
 __all__ = ["CONTENT_TYPE", "ConsoleMetrics"]
 
@@ -57,6 +58,8 @@ class ConsoleMetrics:
             registry=self.registry,
         )
         self._runner: Runner | None = None
+        #: Watches the provider's slots after a cut, when set (``build_state``).
+        self.slot_watch: SlotWatch | None = None
         self.registry.register(_HealthCollector(self))
 
     def attach(self, runner: Runner) -> None:
@@ -64,17 +67,18 @@ class ConsoleMetrics:
 
     # -- RunnerObserver -------------------------------------------------------------
 
-    def completed(self, facts: dict[str, Any], cancel_to_complete_ms: float | None) -> None:
-        self.commands.labels(facts["status"], facts["reason"] or "none").inc()
-        lifecycle = facts["lifecycle"]
+    def completed(self, facts: CompleteFacts, cancel_to_complete_ms: float | None) -> None:
+        self.commands.labels(str(facts.status), facts.reason or "none").inc()
+        lifecycle = facts.lifecycle
         if cancel_to_complete_ms is not None:
             self.cancel_to_complete.observe(max(0.0, cancel_to_complete_ms))
-        for step in lifecycle.get("timeline") or ():
-            if step["event"] == "sockets_shut":
-                self.cancel_to_provider_close.observe(step["ms"])
-                break
-        if lifecycle["worker_exited"] is False:
+        shut = lifecycle.step_ms("sockets_shut")
+        if shut is not None:
+            self.cancel_to_provider_close.observe(shut)
+        if lifecycle.worker_exited is False:
             self.leaked_total.inc()
+        if self.slot_watch is not None:
+            self.slot_watch.completed(facts, cancel_to_complete_ms)
 
     def output_dropped(self, characters: int) -> None:
         self.dropped.inc(characters)

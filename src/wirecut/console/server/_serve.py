@@ -4,9 +4,18 @@
 ``serve_forever`` is ``wirecut serve``: the main thread, the banner,
 ``serve.json``, and a clean stop on SIGTERM or Ctrl+C.
 
+Connections. uvicorn runs with the guarded protocols of ``_limits.py`` (a
+request-head deadline, a connection cap that evicts idle connections first,
+bounds on sends and closes) and the app behind ``HostGuard``;
+``serve_forever`` first raises the soft descriptor limit to the hard one.
+``serve.json`` carries the server's ``instance``, which ``/api/proof`` binds
+its proofs to. uvicorn's log lines are passed through a filter that hides
+``token=`` values (a WebSocket's URL is logged at level info).
+
 The stop. uvicorn's own shutdown closes every WebSocket at once (code 1012),
 which would end the commands as "disconnect" with no ``complete`` sent. So
-``_ConsoleUvicorn.shutdown`` first cancels every command with reason
+the server's ``before_shutdown`` (``ConsoleState.shutdown``, run by
+``wirecut._uvicorn.Server``) first cancels every command with reason
 "shutdown", waits (within the unwind bound) until each has its ``complete``,
 lets the frames go out, and only then hands over to uvicorn. The signal
 handler itself only sets a flag (uvicorn's): ``scope.cancel()`` takes a lock
@@ -17,11 +26,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import re
 import secrets
-import socket
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,10 +39,22 @@ from typing import Any
 
 import uvicorn
 
-from wirecut.console.commands import Services
-from wirecut.console.runner import CommandRunner, Runner
+from wirecut._uvicorn import Server, ServerThread, http_base
+from wirecut.console.commands import CommandSet, Services
+from wirecut.console.runner import CommandRunner, Runner, RunnerLimits
+from wirecut.console.server._access import HostPolicy
 from wirecut.console.server._app import ConsoleState, create_app
+from wirecut.console.server._limits import (
+    ConnectionGuard,
+    ConnectionLimits,
+    Dropped,
+    GuardedConfig,
+    descriptor_limit,
+    raise_descriptor_limit,
+)
 from wirecut.console.server._metrics import ConsoleMetrics
+from wirecut.console.server._slot_watch import SlotWatch
+from wirecut.provider import DEFAULT_MAX_TOKENS, ProviderSpec
 
 __all__ = [
     "ConsoleConfig",
@@ -51,8 +72,12 @@ RunnerFactory = Callable[[Services, ConsoleMetrics], Runner]
 
 #: A WebSocket message larger than this closes the connection (1009); the
 #: protocol's own frame limit (an error frame, the connection kept) is lower.
-WS_MAX_BYTES = 1 << 20
+WS_MAX_BYTES = ConnectionLimits.ws_max_size
 SERVE_JSON = "serve.json"
+
+
+#: The runner's defaults: written once, in ``RunnerLimits``.
+_RUNNER = RunnerLimits()
 
 
 @dataclass
@@ -63,16 +88,36 @@ class ConsoleConfig:
     port: int = 8765
     #: None: no token is required (only allowed on a loopback host).
     token: str | None = field(default_factory=lambda: secrets.token_urlsafe(24))
-    workers: int = 4
-    command_timeout: float = 60.0
-    unwind_timeout: float = 10.0
+    workers: int = _RUNNER.workers
+    command_timeout: float = _RUNNER.command_timeout
+    unwind_timeout: float = _RUNNER.unwind_timeout
     escalate_after: float | None = None
     data_dir: Path = field(default_factory=lambda: Path("."))
     provider_url: str | None = None
     model: str | None = None
     api_key: str | None = None
     #: max_tokens of one chat reply.
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    #: Host names it answers to besides the ones it is bound to (``--allowed-host``).
+    allowed_hosts: tuple[str, ...] = ()
+    #: Bounds on connections, timeouts included (docs/security.md).
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+
+    def provider_spec(self, provider: Provider) -> ProviderSpec:
+        """The one description of ``provider`` that the services and any host share."""
+        return ProviderSpec(
+            provider.base_url, self.api_key, provider.model, provider.label, self.max_tokens
+        )
+
+    @property
+    def runner_limits(self) -> RunnerLimits:
+        """The runner's bounds from these options."""
+        return RunnerLimits(
+            workers=self.workers,
+            command_timeout=self.command_timeout,
+            unwind_timeout=self.unwind_timeout,
+            escalate_after=self.escalate_after,
+        )
 
 
 class ProviderUnavailable(Exception):
@@ -96,18 +141,22 @@ def resolve_provider(
     data_dir: Path,
     *,
     embedded: str = "auto",
+    source: str | None = None,
     local_model: str = "smollm2",
     echo: Callable[[str], None] | None = None,
 ) -> Provider:
     """The provider at ``url``; with none, the embedded llama.cpp if installed, else the simulator.
 
     ``embedded`` is "auto", "local" or "simulator" (which one to start with no URL).
+    ``source`` says where ``url`` came from (``--provider-url``,
+    ``WIRECUT_PROVIDER_URL``, ``OPENAI_BASE_URL``) for the banner.
     ``local_model`` is the embedded llama.cpp's model ("smollm2", "gemma" or a
     ``.gguf`` path; docs/local-model.md); ``echo`` gets its fetch's progress
     line and the line saying it fell back to Gemma.
     """
     if url:
-        return Provider(url.rstrip("/"), model, f"{url.rstrip('/')} (given)")
+        base = url.rstrip("/")
+        return Provider(base, model, f"{base} (from {source or 'the caller'})")
     from wirecut.local import LocalError, LocalServer, is_available
 
     if embedded == "local" or (embedded == "auto" and is_available()):
@@ -138,94 +187,115 @@ def resolve_provider(
 
 
 def build_state(
-    config: ConsoleConfig, provider: Provider, *, runner: RunnerFactory | None = None
+    config: ConsoleConfig,
+    provider: Provider,
+    *,
+    runner: RunnerFactory | None = None,
+    commands: CommandSet | None = None,
 ) -> ConsoleState:
     """The runner, services and metrics of one console over ``provider``.
 
-    ``runner`` makes the runner (default: a ``CommandRunner`` per ``config``).
+    ``runner`` makes the runner (default: a ``CommandRunner`` per ``config``,
+    accepting ``commands``, by default the built-in ones).
     """
     from wirecut.memory import NoteStore
-    from wirecut.provider import ChatClient
 
-    client = ChatClient(provider.base_url, api_key=config.api_key, model=provider.model)
-    services = Services(
-        store=NoteStore.in_data_dir(config.data_dir),
-        chat_client=lambda: client,
-        model=provider.model,
-        provider_label=provider.label,
-        max_tokens=config.max_tokens,
-    )
+    spec = config.provider_spec(provider)
+    client = spec.client()
+    services = Services.of(NoteStore.in_data_dir(config.data_dir), spec, lambda: client)
     metrics = ConsoleMetrics()
+    # How long a cut request kept its provider slot (docs/cancellation-limits.md).
+    metrics.slot_watch = SlotWatch(
+        provider.base_url.rstrip("/").removesuffix("/v1"),
+        registry=metrics.registry,
+        api_key=config.api_key,
+    )
     made: Runner
     if runner is None:
         made = CommandRunner(
-            services,
-            workers=config.workers,
-            command_timeout=config.command_timeout,
-            unwind_timeout=config.unwind_timeout,
-            escalate_after=config.escalate_after,
-            observer=metrics,
+            services, commands=commands, limits=config.runner_limits, observer=metrics
         )
     else:
         made = runner(services, metrics)
     metrics.attach(made)
-    return ConsoleState(runner=made, metrics=metrics, token=config.token)
+    state = ConsoleState(
+        runner=made,
+        metrics=metrics,
+        token=config.token,
+        hosts=HostPolicy.for_bind(config.host, config.allowed_hosts),
+        limits=config.limits,
+    )
+    state.guard = ConnectionGuard(config.limits, config.limits.connections_for(descriptor_limit()))
+    metrics.registry.register(_ConnectionCollector(state))
+    return state
 
 
-class _ConsoleUvicorn(uvicorn.Server):
-    """uvicorn that ends the console's commands before it closes their connections."""
+class _ConnectionCollector:
+    """``/metrics`` gauges and counters of the connections, read at scrape time."""
 
-    def __init__(
-        self,
-        config: uvicorn.Config,
-        state: ConsoleState,
-        on_listening: Callable[[str, int], None],
-    ) -> None:
-        super().__init__(config)
+    def __init__(self, state: ConsoleState) -> None:
         self._console = state
-        self._on_listening = on_listening
 
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if self.should_exit:  # The bind failed: uvicorn said so and is leaving.
-            return
-        host, port = self.servers[0].sockets[0].getsockname()[:2]
-        self._on_listening(str(host), int(port))
+    def describe(self) -> list[Any]:
+        return []
 
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        await self._console.shutdown()
-        await super().shutdown(sockets)
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        if not hasattr(self, "_captured_signals"):
-            raise RuntimeError(
-                "uvicorn.Server has no _captured_signals: this uvicorn is not one "
-                "wirecut was checked against (see pyproject.toml's cap)"
-            )
-        with super().capture_signals():
-            yield
-            # uvicorn re-raises the SIGINT/SIGTERM it caught once it has shut
-            # down; for `wirecut serve` a signal is the normal way to stop,
-            # so the process exits 0 instead of dying of the signal again.
-            self._captured_signals.clear()
+        guard = self._console.guard
+        assert guard is not None
+        yield GaugeMetricFamily(
+            "wirecut_connections_open", "Open TCP connections.", value=guard.open
+        )
+        yield GaugeMetricFamily(
+            "wirecut_outbox_bytes",
+            "Bytes of console frames waiting to be sent, over every connection.",
+            value=sum(c.outbox_bytes for c in self._console.connections),
+        )
+        dropped = CounterMetricFamily(
+            "wirecut_connections_dropped",
+            "Connections the server ended for a limit (docs/security.md), by why.",
+            labels=["why"],
+        )
+        for why in Dropped:
+            dropped.add_metric([why.value], guard.dropped[why])
+        yield dropped
 
 
 def _uvicorn_config(state: ConsoleState, host: str, port: int) -> uvicorn.Config:
-    return uvicorn.Config(
+    assert state.guard is not None, "build the state with build_state()"
+    config = GuardedConfig(
         create_app(state),
+        guard=state.guard,
         host=host,
         port=port,
         log_level="warning",
         access_log=False,
-        ws="websockets-sansio",
-        ws_max_size=WS_MAX_BYTES,
         timeout_graceful_shutdown=5,
     )
+    for name in ("uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).addFilter(_REDACT_TOKENS)  # the same filter once
+    return config
+
+
+class _RedactTokens(logging.Filter):
+    """Replaces the value of every ``token=`` in a log line (uvicorn logs WebSocket URLs)."""
+
+    _TOKEN = re.compile(r"((?:\?|&|;|%3[Ff]|%26)token=)[^&;#\s\"']*", re.IGNORECASE)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = self._TOKEN.sub(r"\1[redacted]", message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
+
+
+_REDACT_TOKENS = _RedactTokens()
 
 
 def _http_url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+    return http_base(host, port) + "/"
 
 
 class ConsoleServer:
@@ -242,43 +312,30 @@ class ConsoleServer:
     """
 
     def __init__(
-        self, config: ConsoleConfig, provider: Provider, *, runner: RunnerFactory | None = None
+        self,
+        config: ConsoleConfig,
+        provider: Provider,
+        *,
+        runner: RunnerFactory | None = None,
+        commands: CommandSet | None = None,
     ) -> None:
         self.config = config
         self.provider = provider
-        self.state = build_state(config, provider, runner=runner)
-        self._address: tuple[str, int] | None = None
-        self._listening = threading.Event()
-        self._server = _ConsoleUvicorn(
-            _uvicorn_config(self.state, config.host, config.port), self.state, self._on_listening
+        self.state = build_state(config, provider, runner=runner, commands=commands)
+        self._thread = ServerThread(
+            _uvicorn_config(self.state, config.host, config.port),
+            what="console",
+            before_shutdown=self.state.shutdown,
         )
-        self._thread = threading.Thread(
-            target=self._server.run, name="wirecut-console", daemon=True
-        )
-
-    def _on_listening(self, host: str, port: int) -> None:
-        self._address = (host, port)
-        self._listening.set()
 
     def start(self, timeout: float = 10.0) -> ConsoleServer:
-        self._thread.start()
-        if not self._listening.wait(timeout) or self._address is None:
-            self.stop()
-            raise RuntimeError(
-                f"the console did not listen on {self.config.host}:{self.config.port}"
-            )
+        """Listen; RuntimeError naming the cause if it cannot (see ``ServerThread``)."""
+        self._thread.start(timeout)
         return self
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop and join; a thread still alive after a forced exit is a RuntimeError."""
-        if not self._thread.is_alive():
-            return
-        self._server.should_exit = True
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            self._server.force_exit = True
-            self._thread.join(5)
-            raise RuntimeError(f"the console thread was still running {timeout} s after stop")
+        """End every command (each gets its complete), stop uvicorn and join its thread."""
+        self._thread.stop(timeout)
 
     def __enter__(self) -> ConsoleServer:
         return self.start()
@@ -293,14 +350,12 @@ class ConsoleServer:
 
     @property
     def port(self) -> int:
-        assert self._address is not None, "not listening"
-        return self._address[1]
+        return self._thread.address[1]
 
     @property
     def url(self) -> str:
         """``http://HOST:PORT/``: the page."""
-        assert self._address is not None, "not listening"
-        return _http_url(*self._address)
+        return _http_url(*self._thread.address)
 
     @property
     def ws_url(self) -> str:
@@ -311,6 +366,11 @@ class ConsoleServer:
     @property
     def token(self) -> str | None:
         return self.config.token
+
+    @property
+    def instance(self) -> str:
+        """The random id ``serve.json`` carries and ``/api/proof`` binds its proofs to."""
+        return self.state.instance
 
 
 def serve_forever(
@@ -326,6 +386,8 @@ def serve_forever(
     (mode 0600) into the data directory and removes it at exit. ``runner``
     as for ``build_state``.
     """
+    # Before the state: the connection cap is fitted to the limit in force.
+    raise_descriptor_limit()
     state = build_state(config, provider, runner=runner)
     info_path = config.data_dir / SERVE_JSON
     wrote: list[Path] = []
@@ -333,13 +395,22 @@ def serve_forever(
     def on_listening(host: str, port: int) -> None:
         url = _http_url(host, port)
         shown = url if config.token is None else f"{url}?token={config.token}"
-        info: dict[str, Any] = {"url": url, "token": config.token, "pid": os.getpid()}
+        info: dict[str, Any] = {
+            "url": url,
+            "token": config.token,
+            "pid": os.getpid(),
+            "instance": state.instance,
+        }
         _write_private(info_path, json.dumps(info))
         wrote.append(info_path)
         echo(f"wirecut console: {shown}")
         sys.stdout.flush()
 
-    server = _ConsoleUvicorn(_uvicorn_config(state, config.host, config.port), state, on_listening)
+    server = Server(
+        _uvicorn_config(state, config.host, config.port),
+        on_listening=on_listening,
+        before_shutdown=state.shutdown,
+    )
     try:
         server.run()
     finally:

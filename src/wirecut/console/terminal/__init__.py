@@ -16,7 +16,7 @@ from wirecut.console.terminal._address import (
 )
 from wirecut.console.terminal._link import CommandChannel, Link, LinkError
 from wirecut.console.terminal._main import run_terminal
-from wirecut.console.terminal._render import Renderer, describe_complete, timeline_chart
+from wirecut.console.terminal._render import Renderer, describe_complete, timeline_chart, visible
 from wirecut.console.terminal._repl import HISTORY_FILE
 from wirecut.console.terminal._session import (
     EXIT_CANCELLED,
@@ -48,4 +48,5 @@ __all__ = [
     "from_url",
     "run_terminal",
     "timeline_chart",
+    "visible",
 ]

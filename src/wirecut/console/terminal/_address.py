@@ -7,7 +7,14 @@ a path before ``/api/console`` is kept, so a console behind a reverse proxy at
 Without a URL, ``serve.json`` in the data directory (written by a local
 ``wirecut serve``) gives both.
 
-The token is never put in ``display``: it is what error lines show.
+The token is never put in ``display``: it is what error lines show. A URL
+that cannot be made out is shown ``redact``ed (its ``token=`` value and any
+password hidden), so an error line never carries the secret either.
+
+``serve.json`` also names the server's ``instance``: before the token goes
+anywhere, the client has the server prove it holds the token for that
+instance (``/api/proof``, ``_link.py``), so a file left by a server that died
+never hands the token to whatever took its port.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit, urlunsplit
@@ -27,6 +35,7 @@ __all__ = [
     "from_serve_json",
     "from_url",
     "pid_alive",
+    "redact",
 ]
 
 #: The environment variable that gives the token when the URL has none.
@@ -36,6 +45,16 @@ SERVE_JSON = "serve.json"
 
 _SCHEMES = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}
 _API = "/api/console"
+# A token= value (also percent-encoded, as in a URL inside a URL), and a
+# password in a URL's user part. Written to match malformed URLs too: what
+# fails to parse is exactly what gets shown.
+_TOKEN_VALUE = re.compile(r"((?:\?|&|;|%3[Ff]|%26)token=)[^&;#\s\"']*", re.IGNORECASE)
+_PASSWORD = re.compile(r"(//[^/?#@\s:]*:)[^/?#@\s]*@")
+
+
+def redact(text: str) -> str:
+    """``text`` with every ``token=`` value and URL password replaced by ``[redacted]``."""
+    return _PASSWORD.sub(r"\1[redacted]@", _TOKEN_VALUE.sub(r"\1[redacted]", text))
 
 
 class AddressError(Exception):
@@ -59,6 +78,14 @@ class Address:
     source: str
     #: The pid ``serve.json`` named, if it came from there.
     pid: int | None = None
+    #: The server's instance ``serve.json`` named: the token goes only to a
+    #: server that proves it holds it for this instance (None: from a URL).
+    instance: str | None = None
+
+    @property
+    def proof_url(self) -> str:
+        """``http://HOST:PORT/api/proof``: where the server proves it holds the token."""
+        return self.health_url[: -len("health")] + "proof"
 
     @property
     def loopback(self) -> bool:
@@ -78,19 +105,20 @@ def from_url(url: str, *, env: dict[str, str] | None = None, source: str = "the 
     Raises ``AddressError`` naming what is wrong with ``url``.
     """
     environ = os.environ if env is None else env
+    shown = repr(redact(url))
     try:
         parts = urlsplit(url.strip())
         port = parts.port
     except ValueError as exc:
-        raise AddressError(f"{url!r} is not a URL: {exc}") from None
+        raise AddressError(f"{shown} is not a URL: {redact(str(exc))}") from None
     scheme = parts.scheme.lower()
     if scheme not in _SCHEMES:
         raise AddressError(
-            f"{url!r} is not a console URL: use http://HOST:PORT/ (as `wirecut serve` prints it)"
+            f"{shown} is not a console URL: use http://HOST:PORT/ (as `wirecut serve` prints it)"
             " or ws://HOST:PORT/api/console"
         )
     if not parts.hostname:
-        raise AddressError(f"{url!r} names no host")
+        raise AddressError(f"{shown} names no host")
     query = parse_qs(parts.query)
     tokens = query.get("token")
     if tokens:
@@ -136,6 +164,14 @@ def from_serve_json(data_dir: Path) -> Address:
     token = info.get("token")
     token = token if isinstance(token, str) and token else None
     pid = info.get("pid")
+    instance = info.get("instance")
+    instance = instance if isinstance(instance, str) and instance else None
+    if token is not None and instance is None:
+        raise AddressError(
+            f"{path} names no server instance (an older `wirecut serve` wrote it), so the "
+            "server there cannot prove it is the one that holds its token: restart "
+            "`wirecut serve`, or give the console's URL"
+        )
     try:
         address = from_url(info["url"], env={}, source=str(path))
     except AddressError as exc:
@@ -148,6 +184,7 @@ def from_serve_json(data_dir: Path) -> Address:
         token_from=None if token is None else str(path),
         source=address.source,
         pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+        instance=instance,
     )
 
 

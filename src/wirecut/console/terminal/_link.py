@@ -1,7 +1,10 @@
 """The client end of one ``/api/console`` WebSocket: frames out, frames sorted by id.
 
 ``Link.open`` connects, sends the token as ``Authorization: Bearer`` (so it
-stays out of logs that record URLs) and waits for ``ready``. A reader task
+stays out of logs that record URLs) and waits for ``ready``. For an address
+from ``serve.json`` it first checks that the server there is the one that
+wrote the file (``verify_server``): a pid that is gone, or no valid proof from
+``/api/proof``, and the token is never sent. A reader task
 sorts the server's frames into one ``CommandChannel`` per id the client
 submitted; frames for no live id go to ``on_stray``. Everything that can go
 wrong with the connection becomes a ``LinkError`` whose message is one line
@@ -17,25 +20,42 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import itertools
+import hashlib
+import hmac
 import json
+import re
+import secrets
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from wirecut.console.terminal._address import Address, pid_alive
 
-__all__ = ["CLOSE_FORBIDDEN_ORIGIN", "CLOSE_UNAUTHORIZED", "CommandChannel", "Link", "LinkError"]
+__all__ = [
+    "CLOSE_FORBIDDEN_ORIGIN",
+    "CLOSE_SLOW_READER",
+    "CLOSE_UNAUTHORIZED",
+    "CommandChannel",
+    "Link",
+    "LinkError",
+    "verify_server",
+]
 
 Frame = dict[str, Any]
 
 #: Close codes of the protocol (docs/protocol.md, ``/api/console``).
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN_ORIGIN = 4403
+CLOSE_SLOW_READER = 4429
+#: The domain of ``/api/proof``'s HMAC (docs/protocol.md).
+_PROOF_DOMAIN = b"wirecut-console-proof/1"
 #: Close codes a server sends when it stops or restarts.
 _CLOSE_STOPPING = {1001, 1012}
+#: The ids ``submit`` gives: ``c1``, ``c2``, ... (one count per link).
+_OWN_ID = re.compile(r"c([1-9][0-9]*)")
 
 
 class LinkError(Exception):
@@ -83,7 +103,7 @@ class Link:
         #: Called once when the connection is lost (not when this client closes it).
         self.on_lost: Callable[[LinkError], None] = lambda error: None
         self._ws = ws
-        self._ids = itertools.count(1)
+        self._submitted = 0  # how many ids submit() gave: c1 .. c{n}
         self._channels: dict[str, CommandChannel] = {}
         self._closing = False
         self._reader = asyncio.get_running_loop().create_task(self._read())
@@ -100,6 +120,8 @@ class Link:
     @classmethod
     async def open(cls, address: Address, *, open_timeout: float = 10.0) -> Link:
         """Connect to ``address`` and wait for its ``ready`` frame; ``LinkError`` if that fails."""
+        if address.instance is not None and address.token:
+            await verify_server(address, request_timeout=open_timeout)
         headers = {"Authorization": f"Bearer {address.token}"} if address.token else None
         try:
             ws = await connect(
@@ -150,7 +172,8 @@ class Link:
 
         ``time_limit`` is the run frame's ``timeout`` (seconds; the server caps it).
         """
-        channel = CommandChannel(self, f"c{next(self._ids)}", line)
+        self._submitted += 1
+        channel = CommandChannel(self, f"c{self._submitted}", line)
         self._channels[channel.id] = channel
         frame: Frame = {"type": "run", "id": channel.id, "line": line}
         if time_limit is not None:
@@ -161,6 +184,19 @@ class Link:
             del self._channels[channel.id]
             raise
         return channel
+
+    def finished(self, id: object) -> bool:
+        """True when ``id`` is one this link submitted and whose last frame has come.
+
+        An ``error`` about such an id (its ``ref``: docs/protocol.md,
+        "Extensions") is this client's ``cancel`` or ``confirm`` that crossed
+        the command's ``complete`` on the wire. Ids are recognised by their
+        form rather than kept, so a long session holds no list of them.
+        """
+        if not isinstance(id, str) or id in self._channels:
+            return False
+        own = _OWN_ID.fullmatch(id)
+        return own is not None and int(own[1]) <= self._submitted
 
     async def cancel(self, id: str | None = None) -> None:
         """Ask the server to cancel ``id`` (None: every command of this connection)."""
@@ -229,6 +265,65 @@ class Link:
         self._channels.clear()
 
 
+async def verify_server(address: Address, *, request_timeout: float = 10.0) -> None:
+    """Check that the server at ``address`` holds its token, without sending it.
+
+    For an address from ``serve.json`` (``address.instance`` set): the pid it
+    names must be alive, and the server must answer a fresh random challenge
+    with the HMAC of it keyed by the token, for that instance
+    (docs/protocol.md, ``/api/proof``). Raises ``LinkError`` (one line: the
+    file is stale, the token was not sent) otherwise.
+    """
+    assert address.instance is not None
+    assert address.token is not None
+    source = address.source
+    if address.pid is not None and not pid_alive(address.pid):
+        raise LinkError(
+            f"{source} is stale: its server (pid {address.pid}) is not running, so the token "
+            "was not sent; start `wirecut serve`"
+        )
+    challenge = secrets.token_urlsafe(32)
+    message = b"\0".join([_PROOF_DOMAIN, address.instance.encode(), challenge.encode()])
+    expected = hmac.new(address.token.encode(), message, hashlib.sha256).hexdigest()
+    why: str | None = None
+    try:
+        # No proxy from the environment: serve.json names a server on this machine.
+        async with httpx.AsyncClient(timeout=request_timeout, trust_env=False) as client:
+            response = await client.get(address.proof_url, params={"challenge": challenge})
+    except httpx.TimeoutException:
+        why = f"no answer within {request_timeout:g} s"
+    except httpx.ConnectError as exc:
+        raise LinkError(_unreachable(address, _os_error(exc))) from None
+    except httpx.HTTPError as exc:
+        why = f"the request failed: {type(exc).__name__}"
+    else:
+        if response.status_code != 200:
+            why = f"/api/proof answered HTTP {response.status_code}"
+        else:
+            try:
+                given = response.json().get("proof")
+            except (ValueError, AttributeError):
+                given = None
+            if not isinstance(given, str) or not hmac.compare_digest(given, expected):
+                why = "its proof was wrong"
+    if why is not None:
+        raise LinkError(
+            f"the server at {address.display} did not prove it is the console that wrote "
+            f"{source} ({why}), so the token was not sent: the file is stale and another "
+            "program has the port; restart `wirecut serve`"
+        )
+
+
+def _os_error(exc: BaseException) -> OSError:
+    """The ``OSError`` under an httpx error (its causes), or one with its message."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, OSError):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    return OSError(str(exc))
+
+
 def _decode(message: str | bytes) -> Frame | None:
     try:
         frame = json.loads(message)
@@ -266,6 +361,11 @@ def _closed_error(address: Address, exc: ConnectionClosed) -> LinkError:
         )
     if close.code == CLOSE_FORBIDDEN_ORIGIN:
         return LinkError(f"the console at {where} refused this client's Origin (close code 4403)")
+    if close.code == CLOSE_SLOW_READER:
+        return LinkError(
+            f"the console at {where} closed the connection because this client did not read "
+            "its frames fast enough (close code 4429); its commands were cancelled"
+        )
     if close.code in _CLOSE_STOPPING:
         return LinkError(f"the console at {where} is shutting down (close code {close.code})")
     reason = f": {close.reason}" if close.reason else ""

@@ -22,7 +22,7 @@ from rich.console import Console
 
 from wirecut.console.terminal._address import Address
 from wirecut.console.terminal._link import Link, LinkError
-from wirecut.console.terminal._render import Renderer
+from wirecut.console.terminal._render import Renderer, visible
 from wirecut.console.terminal._repl import PromptAsker, interactive
 from wirecut.console.terminal._session import (
     EXIT_CANCELLED,
@@ -55,7 +55,9 @@ def run_terminal(address: Address, *, line: str | None, history_path: Path) -> i
     try:
         return asyncio.run(_main(address, line, piped, history_path, out, err, stdin_tty))
     except LinkError as exc:
-        err.print(f"{_PREFIX}{exc}", markup=False)
+        # The line may quote the server (a close reason, a handshake's answer):
+        # shown like every other server text, never obeyed, and kept one line.
+        err.print(_PREFIX + visible(str(exc)).replace("\n", "\u240a"), markup=False)
         return EXIT_ERROR
     except (KeyboardInterrupt, asyncio.CancelledError):
         # Ctrl+C before the connection was up: nothing ran, nothing to cancel.

@@ -12,6 +12,13 @@ requests open · 37 tokens") and ``timeline_chart`` draws the unwind steps as
 bars on one time axis. A worker that had not exited is drawn in the warning
 colour with what is still open: that is the one thing never to hide.
 
+Text that came from the server (output, an error, a note's title, a
+confirmation) reaches a terminal only through ``visible``: a control
+character other than newline and tab is shown as a symbol (ESC as ``␛``), so
+a note titled with an escape sequence cannot write the clipboard (OSC 52),
+retitle the window or clear the screen. Output going to a file or a pipe
+stays byte-true.
+
 Event loop thread only (the spinner's own refresh thread only redraws it).
 """
 
@@ -26,7 +33,7 @@ from rich.spinner import Spinner
 from rich.style import Style
 from rich.text import Text
 
-__all__ = ["Renderer", "describe_complete", "format_ms", "timeline_chart"]
+__all__ = ["Renderer", "describe_complete", "format_ms", "timeline_chart", "visible"]
 
 Frame = dict[str, Any]
 
@@ -44,6 +51,27 @@ _STEP_STYLES = {
     "worker_exited": Style(color="green"),
     "escalated": Style(color="yellow"),
 }
+
+
+def _control_pictures() -> dict[int, str]:
+    # C0 (but tab and newline) and DEL as their Unicode control pictures (U+2400
+    # block: ESC is ␛); C1, which some terminals also obey (0x9B is a CSI), as
+    # the replacement character. One character for one: styled spans stay put.
+    table = {code: chr(0x2400 + code) for code in range(0x20) if code not in (0x09, 0x0A)}
+    table[0x7F] = "\u2421"
+    table.update({code: "\ufffd" for code in range(0x80, 0xA0)})
+    return table
+
+
+_PICTURES = _control_pictures()
+
+
+def visible(text: str) -> str:
+    """``text`` safe for a terminal: every control character but newline and tab shown as a symbol.
+
+    The terminal then prints what a sequence says instead of obeying it.
+    """
+    return text.translate(_PICTURES)
 
 
 def format_ms(ms: float) -> str:
@@ -102,9 +130,9 @@ def describe_complete(frame: Frame, cancel_ms: float | None = None) -> Text:
         if isinstance(elapsed, int | float):
             line.append(f" after {format_ms(float(elapsed))}")
     else:
-        line.append(str(status), _BAD)
+        line.append(visible(str(status)), _BAD)
         if frame.get("error"):
-            line.append(f": {frame['error']}")
+            line.append(f": {visible(str(frame['error']))}")
     exited = lifecycle.get("worker_exited")
     if "worker_exited" in lifecycle:
         line.append(" · ")
@@ -145,7 +173,7 @@ def timeline_chart(frame: Frame, *, width: int = BAR_WIDTH) -> Text | None:
     if not steps:
         return None
     longest = max(ms for _, ms in steps)
-    names = [event.replace("_", " ") for event, _ in steps]
+    names = [visible(event.replace("_", " ")) for event, _ in steps]
     name_width = max(len(name) for name in names)
     times = [format_ms(ms) for _, ms in steps]
     time_width = max(len(t) for t in times)
@@ -173,7 +201,7 @@ class _Running:
         self.cancelling = False
 
     def __rich__(self) -> RenderableType:
-        text = Text(self.line, style="bold")
+        text = Text(visible(self.line), style="bold")
         text.append(f" · {time.monotonic() - self.started:.1f} s", _DIM)
         if self.cancelling:
             text.append(" · cancelling…", _WARN)
@@ -210,12 +238,19 @@ class Renderer:
         self._spinner_handle = loop.call_later(SPINNER_AFTER, self._show_spinner)
 
     def cancelling(self) -> None:
-        """This client sent a cancel: the spinner (if any) says so."""
-        if self._running is not None:
-            self._running.cancelling = True
-            if self._live is None and self._spinner_handle is not None:
+        """This client sent a cancel: the spinner says so, or a note where none shows.
+
+        (A command that already wrote output, or has not started yet, has no spinner.)
+        """
+        running = self._running
+        if running is not None:
+            running.cancelling = True
+        if running is not None and (self._live is not None or self._spinner_handle is not None):
+            if self._live is None:
                 self._spinner_handle.cancel()
                 self._show_spinner()
+            return
+        self.note("cancelling…")
 
     def output(self, stream: str, data: str) -> None:
         self.pause()
@@ -228,6 +263,17 @@ class Renderer:
         """The command's last word: its status, and for a cancel or timeout the facts."""
         self.finish()
         status = frame.get("status")
+        late = frame.get("late_cancel")
+        if status == "ok" and late:
+            # Said even without -v: the user asked for a cancel and must learn
+            # that the command's effect stands.
+            why = {"timeout": "its timeout came", "shutdown": "the server's shutdown came"}.get(
+                str(late), "the cancel came"
+            )
+            self._print(
+                self.err, Text(f"done · {why} too late: the command had already finished", _WARN)
+            )
+            return
         if status == "ok":
             if self.verbose:
                 text = Text(f"ok · {format_ms(float(frame.get('elapsed_ms') or 0))}", _DIM)
@@ -237,7 +283,8 @@ class Renderer:
                 self._print(self.out, text)
             return
         if status == "error" and frame.get("reason") is None:
-            self._print(self.err, Text.assemble(("error", _BAD), f": {frame.get('error')}"))
+            error = visible(str(frame.get("error")))
+            self._print(self.err, Text.assemble(("error", _BAD), f": {error}"))
             return
         target = self.out if self.verbose else self.err
         self._print(target, describe_complete(frame, cancel_ms))
@@ -254,14 +301,24 @@ class Renderer:
             self._print(self.err, Text(text, _DIM))
 
     def warn(self, text: str) -> None:
-        """Something the user must see (stderr, in every mode)."""
+        """Something the user must see (stderr, in every mode); may quote the server."""
         self.pause()
-        self._print(self.err, Text(text, _WARN))
+        self._print(self.err, Text(visible(text), _WARN))
+
+    def question(self, message: str) -> None:
+        """A ``confirm_required`` message, printed as it is (many lines: a plan, a table).
+
+        On stdout in the REPL, on stderr with ``-c`` (stdout holds only the
+        command's output there). The y/N prompt comes under it.
+        """
+        self.pause()
+        target = self.out if self.verbose else self.err
+        self._print(target, Text(visible(message.rstrip("\n"))))
 
     def banner(self, display: str, version: str) -> None:
         line = Text.assemble(
             ("wirecut console", "bold"),
-            f" {version} at {display}",
+            f" {visible(version)} at {visible(display)}",
             (" · Tab completes · Ctrl+C cancels · Ctrl+D leaves · `help` lists the commands", _DIM),
         )
         self._print(self.out, line)
@@ -308,10 +365,13 @@ class Renderer:
     def _write(self, console: Console, data: str, style: Style | None) -> None:
         if not data:
             return
+        if console.is_terminal:
+            data = visible(data)
         if console.is_terminal and style is not None:
             console.print(Text(data, style=style), end="", soft_wrap=True, highlight=False)
         else:
-            # Byte-true for scripts: no markup, no wrapping, no tab expansion.
+            # Byte-true for scripts (no markup, no wrapping, no tab expansion);
+            # on a terminal, made visible above.
             console.file.write(data)
         console.file.flush()
         self._at_line_start[id(console)] = data.endswith("\n")

@@ -6,6 +6,18 @@ docs/protocol.md's table, and any the server's ``help`` lists once it was
 run. At the prompt, Ctrl+C clears a line being typed; at an empty prompt the
 first says how to leave and a second one leaves, as does Ctrl+D.
 
+While a command runs the REPL keeps reading the terminal itself
+(``CommandKeys``: raw mode, the same input prompt_toolkit uses), so Ctrl+C is
+a key it sees at once, never a byte that falls between two terminal modes.
+A Ctrl+C typed in the same breath as the Enter, or during the up to one
+second that prompt_toolkit then waits for the terminal's answer to its cursor
+position request (a terminal that never answers: it reads keys meanwhile and
+keeps them as typeahead, so they used to wait for the *next* prompt), or in
+the instant the terminal was back in cooked mode (a SIGINT then) is held by
+the session until the command's id is known, and then cancels it. Other
+keys typed while a command runs are kept for the next prompt, as a shell
+keeps typeahead.
+
 Event loop only: the prompt runs on the loop that owns the link
 (``prompt_async``); SIGINT is handled by the caller's loop handler, never by
 prompt_toolkit's (``handle_sigint=False``), so one handler decides what
@@ -14,8 +26,9 @@ Ctrl+C means while a command runs.
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +37,16 @@ from prompt_toolkit.auto_suggest import AutoSuggestFromHistory
 from prompt_toolkit.completion import Completer, DynamicCompleter, NestedCompleter
 from prompt_toolkit.formatted_text import FormattedText
 from prompt_toolkit.history import FileHistory
-from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
+from prompt_toolkit.input import Input, create_input
+from prompt_toolkit.input.typeahead import get_typeahead, store_typeahead
+from prompt_toolkit.key_binding import KeyBindings, KeyPress, KeyPressEvent
+from prompt_toolkit.keys import Keys
 
 from wirecut.console.terminal._link import Link, LinkError
 from wirecut.console.terminal._render import Renderer
 from wirecut.console.terminal._session import EXIT_CANCELLED, TerminalSession
 
-__all__ = ["HISTORY_FILE", "CommandNames", "PromptAsker", "interactive"]
+__all__ = ["HISTORY_FILE", "CommandKeys", "CommandNames", "PromptAsker", "interactive"]
 
 #: The history file's name in the data directory.
 HISTORY_FILE = "console_history"
@@ -113,21 +129,65 @@ class CommandNames:
         return False
 
 
+class CommandKeys:
+    """Reads the terminal while a command runs; Ctrl+C goes to ``on_interrupt`` at once.
+
+    Event loop only. ``watching`` puts the terminal in raw mode (as the
+    prompt does, so no key is read under a different mode) and attaches to
+    ``input``; what prompt_toolkit kept as typeahead after the Enter is read
+    first. A y/N question asked meanwhile attaches over it and gives the
+    terminal back when it ends (prompt_toolkit stacks attachments per file
+    descriptor). Keys other than Ctrl+C are handed to the next prompt as
+    typeahead.
+    """
+
+    def __init__(self, input: Input) -> None:
+        self.input = input
+
+    @contextlib.contextmanager
+    def watching(self, on_interrupt: Callable[[], None]) -> Iterator[None]:
+        kept: list[KeyPress] = []
+
+        def take(keys: list[KeyPress]) -> None:
+            for key in keys:
+                if key.key == Keys.ControlC:
+                    on_interrupt()
+                else:
+                    kept.append(key)
+
+        take(get_typeahead(self.input))
+        try:
+            with self.input.raw_mode(), self.input.attach(lambda: take(self.input.read_keys())):
+                try:
+                    yield
+                finally:
+                    take(self.input.flush_keys())
+        finally:
+            store_typeahead(self.input, kept)
+
+
 class PromptAsker:
     """Asks ``confirm_required`` questions with a y/N prompt. Event loop only."""
 
-    def __init__(self) -> None:
-        self._session: PromptSession[str] = PromptSession()
+    def __init__(self, input: Input | None = None) -> None:
+        self._session: PromptSession[str] = PromptSession(input=input)
 
     @property
     def asking(self) -> bool:
         return self._session.app.is_running
 
     async def ask(self, message: str) -> bool:
+        """``message [y/N]``: True only for y or yes with no Ctrl+C typed after it."""
         question = FormattedText([("bold", message.rstrip()), ("", " [y/N] ")])
         try:
             answer = await self._session.prompt_async(question, handle_sigint=False)
         except (KeyboardInterrupt, EOFError):
+            return False
+        # A Ctrl+C typed right behind the answer's Enter (kept as typeahead)
+        # still means no: declining is what cancels the command.
+        after = get_typeahead(self._session.input)
+        store_typeahead(self._session.input, [k for k in after if k.key != Keys.ControlC])
+        if any(key.key == Keys.ControlC for key in after):
             return False
         return answer.strip().lower() in ("y", "yes")
 
@@ -171,8 +231,11 @@ async def interactive(
     a command runs).
     """
     names = CommandNames()
-    term = TerminalSession(link, renderer, PromptAsker(), on_output=names.learn)
+    terminal = create_input()
+    keys = CommandKeys(terminal)
+    term = TerminalSession(link, renderer, PromptAsker(terminal), on_output=names.learn)
     session: PromptSession[str] = PromptSession(
+        input=terminal,
         history=_private_history(history_path),
         completer=DynamicCompleter(names.completer),
         complete_while_typing=False,
@@ -185,16 +248,26 @@ async def interactive(
         if app.is_running and app.future is not None and not app.future.done():
             app.exit(exception=exception)
 
+    def on_interrupt() -> None:
+        # A Ctrl+C after the Enter and before ``run`` has the id: held for it.
+        if not term.interrupt():
+            term.hold_interrupt()
+
     def on_sigint() -> None:
         # At the prompt Ctrl+C is a key; a SIGINT from elsewhere acts like it.
-        if not term.interrupt():
+        # Between the Enter and the command's key watch the terminal is in
+        # cooked mode for an instant, and a Ctrl+C then is this SIGINT.
+        if session.app.is_running:
             exit_prompt(KeyboardInterrupt())
+        else:
+            on_interrupt()
 
     set_interrupt(on_sigint)
     link.on_lost = exit_prompt
     renderer.banner(link.address.display, link.version)
     leaving = False
     while True:
+        term.drop_held()  # a Ctrl+C that came with an empty line belongs to no command
         try:
             line = await session.prompt_async(link.prompt, handle_sigint=False)
         except KeyboardInterrupt:
@@ -210,7 +283,8 @@ async def interactive(
             raise link.lost
         if not line.strip():
             continue
-        await term.run(line)
+        with keys.watching(on_interrupt):
+            await term.run(line)
         if term.abandoned:
             return EXIT_CANCELLED
         if link.lost is not None:

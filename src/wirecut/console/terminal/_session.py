@@ -2,11 +2,18 @@
 
 ``TerminalSession.run(line)`` submits the line and follows its frames until
 its ``complete``, which it returns. ``interrupt()`` is what Ctrl+C does while
-a line runs (the caller wires it to SIGINT): the first sends ``cancel`` for
-that id; the second says the cancel is on its way; the third leaves without
-waiting, by closing the connection (which cancels the command on the server
-too). A ``confirm_required`` is put to the ``Asker``; "no" sends a cancel
-for that id.
+a line runs (the caller wires it to SIGINT and to the Ctrl+C key): the first
+sends ``cancel`` for that id; the second says the cancel is on its way; the
+third leaves without waiting, by closing the connection (which cancels the
+command on the server too). A ``confirm_required`` is shown as it is and put
+to the ``Asker``; "no" sends a cancel for that id.
+
+No Ctrl+C is lost, however early it comes: one pressed while the run frame
+is still on its way (the id not yet the session's) is held and acted on the
+moment ``submit`` returns, and one that came before ``run`` was even called
+(between the Enter and the REPL's next step) is handed over with
+``hold_interrupt``. The server reads a connection's frames in order, so a
+``cancel`` sent after the ``run`` always finds its command, queued or not.
 
 Event loop only: ``run`` and ``interrupt`` run on the loop that owns the link
 (``interrupt`` from ``loop.add_signal_handler``, never from a raw signal
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
@@ -32,7 +40,9 @@ __all__ = [
     "EXIT_ERROR",
     "EXIT_OK",
     "EXIT_TIMEOUT",
+    "QUESTION",
     "Asker",
+    "LineState",
     "TerminalSession",
     "exit_code",
 ]
@@ -45,6 +55,9 @@ EXIT_ERROR = 1
 EXIT_TIMEOUT = 124
 EXIT_CANCELLED = 130
 
+#: The y/N question under a ``confirm_required`` message.
+QUESTION = "go ahead?"
+
 _EXIT_CODES = {"ok": EXIT_OK, "error": EXIT_ERROR, "timeout": EXIT_TIMEOUT}
 
 
@@ -53,6 +66,14 @@ def exit_code(status: object) -> int:
     if status == "cancelled":
         return EXIT_CANCELLED
     return _EXIT_CODES.get(str(status), EXIT_ERROR)
+
+
+class LineState(enum.Enum):
+    """Where the session is with its current line."""
+
+    IDLE = "idle"  # no line: Ctrl+C is not the session's (the caller decides)
+    SUBMITTING = "submitting"  # the run frame is on its way: Ctrl+C is held
+    FOLLOWING = "following"  # the id is known: Ctrl+C acts on it at once
 
 
 class Asker(Protocol):
@@ -95,7 +116,10 @@ class TerminalSession:
         self.on_output = on_output
         #: True once a third Ctrl+C closed the connection without waiting.
         self.abandoned = False
+        self.state = LineState.IDLE
         self._current: CommandChannel | None = None
+        #: Ctrl+C presses that came before the line's id was known.
+        self._held = 0
         #: The open question's task (a ``confirm_required`` being asked).
         self._question: asyncio.Task[bool] | None = None
         self._interrupts = 0
@@ -109,20 +133,49 @@ class TerminalSession:
         returns a made-up complete with status "error". Raises ``LinkError``
         when the connection is lost first.
         """
-        channel = await self.link.submit(line)
-        self._current = channel
         self._interrupts = 0
+        self.state = LineState.SUBMITTING
+        try:
+            channel = await self.link.submit(line)
+        except BaseException:
+            self.state = LineState.IDLE
+            self._held = 0
+            raise
+        self._current = channel
+        self.state = LineState.FOLLOWING
+        held, self._held = self._held, 0
+        for _ in range(held):
+            self.interrupt()
         try:
             return await self._follow(channel)
         finally:
             self._current = None
+            self.state = LineState.IDLE
             self.renderer.finish()
 
+    def hold_interrupt(self) -> None:
+        """A Ctrl+C that came after the Enter but before ``run``: acted on once the id is known.
+
+        The caller drops it with ``drop_held`` if no line follows (an empty line).
+        """
+        self._held += 1
+
+    def drop_held(self) -> None:
+        """Forget held Ctrl+C presses (the prompt is back: they belonged to no command)."""
+        self._held = 0
+
     def interrupt(self) -> bool:
-        """Ctrl+C: cancel the running line (see the module docstring); False if none runs."""
+        """Ctrl+C: cancel the running line (see the module docstring); False if none runs.
+
+        While the run frame is still on its way the press is held (True): it
+        is acted on as soon as the id is known.
+        """
+        if self.state is LineState.IDLE:
+            return False
         channel = self._current
         if channel is None:
-            return False
+            self._held += 1
+            return True
         if self._question is not None:
             self._end_question()  # Answers "no", which cancels.
             return True
@@ -220,21 +273,30 @@ class TerminalSession:
             self.renderer.warn(f"server: {frame.get('message')}")
 
     def _stray(self, frame: Frame) -> None:
-        # An error for an id of ours that already completed is our cancel
-        # crossing its complete on the wire: nothing to tell the user.
-        if frame.get("type") == "error" and frame.get("id") is None:
-            self.renderer.warn(f"server: {frame.get('message')}")
+        if frame.get("type") != "error":
+            return  # a pong, or a frame a newer server may add
+        # An error about one of our commands that already completed (named in
+        # "ref"; a server without "ref" kept it in "id") is our Ctrl+C or
+        # answer crossing its complete on the wire: the command's end is on
+        # the screen already, and the race is normal, not news. Any other
+        # error is shown.
+        about = frame.get("id") or frame.get("ref")
+        if self.link.finished(about):
+            return
+        self.renderer.warn(f"server: {frame.get('message')}")
 
     def _ask(self, channel: CommandChannel, message: str) -> None:
-        self.renderer.pause()
+        # The message may be a plan of many lines (a table): printed as it
+        # is, and the question under it stays one short line.
+        self.renderer.question(message)
         if self.asker is None:
             self.renderer.warn(
-                f"{message.rstrip()}\nnot confirmed: there is no terminal to ask on "
+                "not confirmed: there is no terminal to ask on "
                 "(add --yes to the command to run it without asking)"
             )
             self._cancel(channel)
             return
-        self._question = asyncio.get_running_loop().create_task(self.asker.ask(message))
+        self._question = asyncio.get_running_loop().create_task(self.asker.ask(QUESTION))
 
     def _end_question(self) -> None:
         """Make the open question end with "no", whether or not it is on the screen yet."""

@@ -1,0 +1,149 @@
+"""``wirecut proxy``: the cut-through OpenAI-compatible gateway (docs/proxy.md).
+
+Prints ``wirecut proxy: http://HOST:PORT/v1`` on stdout once it accepts
+connections, and which upstream it serves on stderr; serves until SIGTERM or
+Ctrl+C, cuts every live request (each gets its record), stops the upstream
+it started, and exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from wirecut.cli._data_dir import data_dir_option
+from wirecut.cli._options import check_port, is_loopback, seconds, secret
+
+__all__ = ["proxy"]
+
+#: The environment variable that holds the client token when no file is given.
+TOKEN_ENV = "WIRECUT_PROXY_TOKEN"
+
+
+def _slots(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        slots = int(value)
+    except ValueError:
+        raise click.BadParameter(f"must be 'auto' or a whole number >= 1, not {value!r}") from None
+    if slots < 1:
+        raise click.BadParameter(f"must be 'auto' or a whole number >= 1, not {value!r}")
+    return slots
+
+
+@click.command("proxy")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port", default=8766, show_default=True, type=click.IntRange(0, 65535), help="0: any."
+)
+@click.option(
+    "--upstream",
+    default=None,
+    help="The upstream's OpenAI API base (http://host:port/v1). Default: $WIRECUT_PROVIDER_URL, "
+    "then $OPENAI_BASE_URL; with neither, the embedded llama.cpp, else the simulator.",
+)
+@click.option("--model", default=None, help="The model asked for when a client names none.")
+@click.option(
+    "--upstream-slots",
+    default="auto",
+    show_default=True,
+    callback=_slots,
+    help="Requests in flight upstream at once; the rest wait in the proxy's queue. "
+    "auto: llama.cpp's /slots or /props, else unlimited.",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help=f"A file holding the client token (Authorization: Bearer). Default: ${TOKEN_ENV}; "
+    "with neither, no token is asked for (loopback only).",
+)
+@click.option(
+    "--api-key-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A file holding the upstream's API key. Default: $OPENAI_API_KEY.",
+)
+@click.option(
+    "--request-timeout",
+    default=600.0,
+    show_default=True,
+    type=float,
+    callback=seconds,
+    help="Seconds from a request's arrival to its cut (queue, prompt and decoding).",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    help="A name besides loopback names and IP addresses that the Host header may carry.",
+)
+@data_dir_option
+def proxy(
+    host: str,
+    port: int,
+    upstream: str | None,
+    model: str | None,
+    upstream_slots: int | str,
+    token_file: Path | None,
+    api_key_file: Path | None,
+    request_timeout: float,
+    allowed_hosts: tuple[str, ...],
+    data_dir: Path,
+) -> None:
+    """An OpenAI-compatible gateway whose client disconnect cuts the upstream request."""
+    token = secret("proxy", "--token-file", token_file, TOKEN_ENV)
+    api_key = secret("proxy", "--api-key-file", api_key_file, "OPENAI_API_KEY")
+    if token is None and not is_loopback(host):
+        raise click.UsageError(
+            f"--host {host} needs a client token (--token-file or ${TOKEN_ENV}): "
+            "without one the proxy binds a loopback address only"
+        )
+    check_port("proxy", host, port)
+
+    from wirecut.console.server import ProviderUnavailable, resolve_provider
+    from wirecut.proxy import AUTO, Proxy, ProxyConfig
+    from wirecut.proxy import serve_forever as serve_proxy
+
+    url = upstream or os.environ.get("WIRECUT_PROVIDER_URL") or os.environ.get("OPENAI_BASE_URL")
+    try:
+        provider = resolve_provider(url, model, data_dir)
+    except ProviderUnavailable as exc:
+        click.echo(f"wirecut proxy: {exc}", err=True)
+        sys.exit(1)
+    try:
+        try:
+            config = ProxyConfig(
+                upstream=provider.base_url,
+                host=host,
+                port=port,
+                model=provider.model,
+                upstream_slots=upstream_slots if isinstance(upstream_slots, int) else AUTO,
+                token=token,
+                api_key=api_key,
+                request_timeout=request_timeout,
+                data_dir=data_dir,
+                allowed_hosts=allowed_hosts,
+            )
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        gateway = Proxy(config)
+        info = gateway.probe()
+        slots = "unlimited" if gateway.admission.slots is None else str(gateway.admission.slots)
+        click.echo(f"wirecut proxy: upstream: {provider.label}", err=True)
+        click.echo(f"wirecut proxy: upstream is {info.kind}, {slots} in flight at once", err=True)
+        if provider.note:
+            click.echo(f"wirecut proxy: {provider.note}", err=True)
+
+        def announce(base_url: str) -> None:
+            click.echo(f"wirecut proxy: {base_url}")
+            sys.stdout.flush()
+
+        code = serve_proxy(gateway, on_listening=announce)
+    finally:
+        provider.stop()
+    sys.exit(code)

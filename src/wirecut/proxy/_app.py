@@ -1,0 +1,258 @@
+"""The proxy's Starlette app: the OpenAI routes, cancel by id, ``/health``, ``/metrics``.
+
+Every request first passes ``Guard`` (an ASGI middleware): its ``Host`` must
+be a loopback name, an IP address or an ``allowed_hosts`` name (a page of
+another site cannot reach the proxy through DNS rebinding); an ``Origin``
+must be the proxy's own (a page of another site cannot spend its tokens); and
+with a client token, ``Authorization: Bearer TOKEN``, compared in constant
+time. What fails gets an OpenAI-shaped error and no record.
+
+The completion routes are plain ASGI apps (``Completions``): the whole life
+of a request, queue included, runs where its ``receive()`` is watched for the
+client's disconnect (``Exchange``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import secrets
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+import httpx
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from wirecut.aio import cancel_on_disconnect, run_sync
+from wirecut.proxy._assemble import Endpoint
+from wirecut.proxy._metrics import CONTENT_TYPE
+from wirecut.proxy._proxy import DuplicateId, Proxy
+from wirecut.proxy._record import RecordReason
+from wirecut.proxy._request import BadRequest, check_request_id, parse_request
+from wirecut.proxy._wire import REQUEST_ID_HEADER, error_body, send_json
+from wirecut.scope import Interrupted
+
+__all__ = ["Completions", "Guard", "create_app", "host_allowed"]
+
+_LOOPBACK_NAMES = frozenset({"localhost"})
+
+
+def host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
+    """Whether a ``Host`` header names this proxy: a loopback name, an IP, or an allowed name."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        name = host[1 : host.find("]")] if "]" in host else host
+    elif host.count(":") == 1:
+        name = host.partition(":")[0]
+    else:
+        name = host
+    name = name.rstrip(".")
+    if name in _LOOPBACK_NAMES or name in allowed:
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+class Guard:
+    """Host, Origin and token checks in front of ``app`` (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp, proxy: Proxy) -> None:
+        self.app = app
+        self.proxy = proxy
+        token = proxy.config.token
+        self._token = None if token is None else token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        host = headers.get(b"host", b"").decode("latin-1")
+        problem = None
+        if host and not host_allowed(host, self.proxy.config.allowed_hosts):
+            problem = (403, "host", f"the Host {host!r} is not a name of this proxy")
+        elif not _same_origin(headers.get(b"origin"), host):
+            problem = (403, "origin", "requests from another site's page are refused")
+        elif self._token is not None and not self._authorized(headers.get(b"authorization")):
+            problem = (401, "token", "a valid token is required (Authorization: Bearer TOKEN)")
+        if problem is None:
+            await self.app(scope, receive, send)
+            return
+        status, why, message = problem
+        self.proxy.metrics.rejected.labels(why).inc()
+        kind = "authentication_error" if status == 401 else "permission_error"
+        await send_json(send, status, error_body(message, kind), None)
+
+    def _authorized(self, header: bytes | None) -> bool:
+        assert self._token is not None
+        scheme, _, value = (header or b"").partition(b" ")
+        if scheme.lower() != b"bearer":
+            return False
+        return hmac.compare_digest(value.strip(), self._token)
+
+
+def _same_origin(origin: bytes | None, host: str) -> bool:
+    if origin is None:
+        return True  # Not a browser page's request (curl, SDKs, servers).
+    parts = urlsplit(origin.decode("latin-1"))
+    return parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()
+
+
+class Completions:
+    """``POST /v1/chat/completions`` or ``/v1/completions``, as an ASGI app."""
+
+    def __init__(self, proxy: Proxy, endpoint: Endpoint) -> None:
+        self.proxy = proxy
+        self.endpoint = endpoint
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        proxy = self.proxy
+        given = _header(scope, b"x-request-id")
+        try:
+            request_id = secrets.token_hex(12) if given is None else check_request_id(given)
+        except BadRequest as exc:
+            await self._reject(send, 400, "request_id", exc.message, None, exc.param)
+            return
+        raw = await _read_body(receive, proxy.config.max_body_bytes)
+        if raw is None:
+            return  # The client left before its request was whole: nothing to do.
+        if raw is _TOO_LARGE:
+            limit = proxy.config.max_body_bytes
+            await self._reject(
+                send, 413, "body", f"the request body exceeds {limit} bytes", request_id
+            )
+            return
+        try:
+            request = parse_request(raw, self.endpoint, request_id, proxy.config.model)
+        except BadRequest as exc:
+            await self._reject(send, 400, "body", exc.message, request_id, exc.param)
+            return
+        try:
+            exchange = proxy.open(request_id, request)
+        except DuplicateId:
+            message = f"a request with the id {request_id!r} is in flight"
+            await self._reject(send, 409, "request_id", message, request_id, "X-Request-Id")
+            return
+        await exchange.serve(receive, send)
+
+    async def _reject(
+        self,
+        send: Send,
+        status: int,
+        why: str,
+        message: str,
+        request_id: str | None,
+        param: str | None = None,
+    ) -> None:
+        self.proxy.metrics.rejected.labels(why).inc()
+        body = error_body(message, "invalid_request_error", param=param)
+        await send_json(send, status, body, request_id)
+
+
+_TOO_LARGE = b"\x00too large"
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole request body; None if the client left; ``_TOO_LARGE`` past ``limit``."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        part = message.get("body", b"")
+        size += len(part)
+        if size > limit:
+            return _TOO_LARGE
+        parts.append(part)
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def create_app(proxy: Proxy) -> ASGIApp:
+    """The proxy app over ``proxy``; its lifespan starts it and, at the end, cuts what is live."""
+
+    async def cancel(request: Request) -> Response:
+        request_id = request.path_params["id"]
+        exchange = proxy.live.get(request_id)
+        if exchange is None:
+            message = f"no request with the id {request_id!r} is in flight"
+            return JSONResponse(_error(message, "not_found_error"), status_code=404)
+        exchange.cancel(RecordReason.CANCEL)
+        # The record comes once the worker returned: run_sync bounds that wait.
+        async with asyncio.timeout(proxy.config.unwind_timeout + 5.0):
+            await exchange.finished.wait()
+        assert exchange.record is not None
+        return JSONResponse(exchange.record.to_json())
+
+    async def passthrough(request: Request) -> Response:
+        request_id = secrets.token_hex(12)
+        path = request.path_params["path"]
+        try:
+            async with cancel_on_disconnect(request) as scope:
+                status, content_type, body = await run_sync(
+                    proxy.upstream.get, path, request.url.query, scope=scope
+                )
+        except httpx.HTTPError as exc:
+            message = f"the upstream {proxy.upstream.base_url} could not be reached: {exc}"
+            return JSONResponse(_error(message, "upstream_error"), status_code=502)
+        except Interrupted:
+            return Response(status_code=499)  # The client left: nobody reads this.
+        return Response(
+            body,
+            status_code=status,
+            media_type=content_type,
+            headers={REQUEST_ID_HEADER: request_id},
+        )
+
+    async def health(request: Request) -> Response:
+        return JSONResponse(await proxy.health())
+
+    async def metrics(request: Request) -> Response:
+        return Response(proxy.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 404
+        message = f"{request.method} {request.url.path} is not served by wirecut proxy"
+        return JSONResponse(_error(message, "invalid_request_error"), status_code=status)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        proxy.start()
+        yield
+        await proxy.shutdown()
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", Completions(proxy, Endpoint.CHAT), methods=["POST"]),
+            Route("/v1/completions", Completions(proxy, Endpoint.TEXT), methods=["POST"]),
+            Route("/v1/requests/{id}/cancel", cancel, methods=["POST"]),
+            Route("/v1/{path:path}", passthrough, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ],
+        exception_handlers={404: not_found, 405: not_found},
+        lifespan=lifespan,
+    )
+    return Guard(app, proxy)
+
+
+def _error(message: str, type_: str) -> dict[str, object]:
+    return {"error": {"message": message, "type": type_, "param": None, "code": None}}

@@ -1,0 +1,100 @@
+"""A client's completion request, checked at the boundary and rewritten for the upstream.
+
+The proxy looks at a few fields only (``model``, ``stream``,
+``stream_options``) and passes the rest as it came (``tools``,
+``response_format``, sampling ...): the upstream checks what it serves. The
+upstream request always streams, with usage asked for, whatever the client
+asked. A bad body is a ``BadRequest`` that names the field. Pure functions.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from wirecut.proxy._assemble import Endpoint
+from wirecut.proxy._relay import UpstreamRequest
+
+__all__ = ["BadRequest", "ClientRequest", "check_request_id", "parse_request"]
+
+# Visible ASCII without "/" (the id goes into a URL path), 1-128 characters.
+_REQUEST_ID = re.compile(r"[!-.0-~]{1,128}")
+
+
+class BadRequest(Exception):
+    """The request cannot be served as sent; ``param`` names the field, if one."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+@dataclass(frozen=True)
+class ClientRequest:
+    """A checked request: what the proxy records, and what it sends upstream."""
+
+    model: str | None
+    stream: bool
+    upstream: UpstreamRequest
+
+
+def check_request_id(value: str) -> str:
+    """A client's ``X-Request-Id``, or ``BadRequest`` saying what it may be."""
+    if not _REQUEST_ID.fullmatch(value):
+        raise BadRequest(
+            "X-Request-Id must be 1-128 visible ASCII characters without '/'", "X-Request-Id"
+        )
+    return value
+
+
+def parse_request(
+    raw: bytes, endpoint: Endpoint, request_id: str, default_model: str | None
+) -> ClientRequest:
+    """Check ``raw`` as a body of ``endpoint`` and make its upstream request."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+    except ValueError:
+        raise BadRequest(
+            f"the request body holds a number of more than {sys.get_int_max_str_digits()} digits"
+        ) from None
+    except RecursionError:
+        raise BadRequest("the request body is nested too deeply") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    stream = _optional(body, "stream", bool, "a boolean") or False
+    options = _optional(body, "stream_options", dict, "an object") or {}
+    include_usage = bool(options.get("include_usage")) if stream else False
+    model = _optional(body, "model", str, "a string")
+    if model is None and default_model is not None:
+        body["model"] = model = default_model
+    if endpoint is Endpoint.CHAT:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("'messages' must be a non-empty array of message objects", "messages")
+    elif "prompt" not in body:
+        raise BadRequest("'prompt' is required", "prompt")
+    body["stream"] = True
+    body["stream_options"] = {**options, "include_usage": True}
+    upstream = UpstreamRequest(
+        id=request_id,
+        endpoint=endpoint,
+        body=json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode(),
+        stream=stream,
+        include_usage=include_usage,
+    )
+    return ClientRequest(model=model, stream=stream, upstream=upstream)
+
+
+def _optional(body: dict[str, Any], name: str, kind: type, what: str) -> Any:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise BadRequest(f"'{name}' must be {what}, not {type(value).__name__}", name)
+    return value

@@ -1,0 +1,115 @@
+"""Running the proxy under uvicorn: on a background thread, or in the foreground.
+
+``ProxyServer`` is for tests and benchmarks (its own thread and event loop;
+its methods are safe from any other thread); ``serve_forever`` is
+``wirecut proxy``: the main thread, until SIGINT or SIGTERM.
+
+The stop: uvicorn waits for the responses in flight before it runs the
+app's shutdown, and a stream may never end by itself; so the server first
+cuts every live request (reason ``shutdown``, each gets its record), then
+hands over to uvicorn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import TracebackType
+
+import uvicorn
+
+from wirecut._uvicorn import Server, ServerThread, http_base
+from wirecut.proxy._app import create_app
+from wirecut.proxy._config import ProxyConfig
+from wirecut.proxy._proxy import Proxy
+
+__all__ = ["ProxyServer", "serve_forever"]
+
+
+def _uvicorn_config(proxy: Proxy) -> uvicorn.Config:
+    return uvicorn.Config(
+        create_app(proxy),
+        host=proxy.config.host,
+        port=proxy.config.port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        # Thousands of streams may be open at once.
+        backlog=2048,
+        timeout_graceful_shutdown=5,
+    )
+
+
+class ProxyServer:
+    """A proxy served by uvicorn on a background thread, for tests and benchmarks.
+
+    ::
+
+        with ProxyServer(ProxyConfig(upstream=sim.base_url, port=0)) as proxy:
+            client = OpenAI(base_url=proxy.base_url, api_key="none")
+
+    ``start()`` asks the upstream what it is (``upstream_slots="auto"``),
+    then listens. ``stop()`` cuts every live request (reason ``shutdown``),
+    stops uvicorn and joins its thread; a thread still alive after a forced
+    exit is a ``RuntimeError``. Not restartable.
+    """
+
+    def __init__(self, config: ProxyConfig) -> None:
+        self.config = config
+        self.proxy = Proxy(config)
+        self._thread = ServerThread(
+            _uvicorn_config(self.proxy), what="proxy", before_shutdown=self.proxy.shutdown
+        )
+
+    def start(self, timeout: float = 10.0) -> ProxyServer:
+        """Ask the upstream what it is, then listen (see ``ServerThread.start``)."""
+        self.proxy.probe()
+        self._thread.start(timeout)
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        try:
+            self._thread.stop(timeout)
+        finally:
+            self.proxy.close()
+
+    def __enter__(self) -> ProxyServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        return self._thread.address[1]
+
+    @property
+    def url(self) -> str:
+        """``http://HOST:PORT``: the proxy's root (``/health``, ``/metrics``)."""
+        return http_base(*self._thread.address)
+
+    @property
+    def base_url(self) -> str:
+        """``http://HOST:PORT/v1``: what an OpenAI client takes as its base URL."""
+        return self.url + "/v1"
+
+
+def serve_forever(proxy: Proxy, *, on_listening: Callable[[str], None]) -> int:
+    """``wirecut proxy``: serve in the main thread until SIGTERM or Ctrl+C; the exit code.
+
+    ``on_listening`` gets the API base URL once connections are accepted.
+    """
+
+    def listening(host: str, port: int) -> None:
+        on_listening(http_base(host, port) + "/v1")
+
+    server = Server(_uvicorn_config(proxy), on_listening=listening, before_shutdown=proxy.shutdown)
+    try:
+        server.run()
+    finally:
+        proxy.close()
+    return 0 if server.started else 1

@@ -1,0 +1,175 @@
+"""The status follows the effect: ``cancelled``/``timeout`` if and only if nothing happened.
+
+Found by cancelling commands at random moments and comparing each
+``complete`` with the store afterwards: a cancel that landed after the
+store's COMMIT was reported ``cancelled`` (94 of 204 ``memory add``; 59 of 200
+consolidations). These tests do the same, hundreds of times, through a real
+console over real sockets, and check the rule both ways: a ``cancelled`` or
+``timeout`` command changed nothing, and an ``ok`` one did what it said, with
+the cancel that came too late in ``late_cancel``.
+
+The random delays below are the randomized cancel points themselves, not
+waits for anything: every wait for a result is a bounded wait on a frame.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _console import ConsoleClient, running_console
+from wirecut.memory import NoteStore
+
+SEED = random.randrange(1 << 32)
+CUT = {"cancelled", "timeout"}
+
+
+@pytest.fixture
+def rng() -> random.Random:
+    print(f"random seed: {SEED}")  # shown on failure, to replay the same cancel points
+    return random.Random(SEED)
+
+
+def _check_late_cancel(complete: dict[str, Any], cancelled: bool) -> None:
+    """An ``ok`` complete names the cancel that came too late, and keeps it on the timeline."""
+    assert complete["reason"] is None
+    if cancelled and complete["late_cancel"] is not None:
+        steps = [step["event"] for step in complete["lifecycle"]["timeline"]]
+        assert steps[0] == "cancel_requested"
+    if complete["late_cancel"] is None:
+        assert "timeline" not in complete["lifecycle"]
+
+
+def test_memory_add_cancelled_at_random_moments_is_cancelled_only_if_nothing_was_written(
+    tmp_path: Path, rng: random.Random
+) -> None:
+    outcomes: dict[str, int] = {}
+    with running_console(tmp_path) as console, console.client() as client:
+        store = NoteStore.in_data_dir(console.data_dir)
+        for i in range(150):
+            before = store.dump()
+            id = client.run(f"memory add 'note {i}' -- 'body {i}'")
+            time.sleep(rng.choice((0.0, rng.uniform(0, 0.004))))  # the randomized cancel point
+            client.cancel(id)
+            complete = client.complete(id)
+            written = store.dump() != before
+            status = complete["status"]
+            outcomes[status] = outcomes.get(status, 0) + 1
+            if status in CUT:
+                assert not written, f"#{i}: {status} but the note was written: {complete}"
+                assert complete["reason"] == "user"
+                assert complete["late_cancel"] is None
+            else:
+                assert status == "ok", complete
+                assert written, f"#{i}: ok but nothing was written: {complete}"
+                _check_late_cancel(complete, cancelled=True)
+    print(f"outcomes: {outcomes}")
+
+
+def test_memory_add_with_tiny_timeouts_times_out_only_if_nothing_was_written(
+    tmp_path: Path, rng: random.Random
+) -> None:
+    with running_console(tmp_path) as console, console.client() as client:
+        store = NoteStore.in_data_dir(console.data_dir)
+        for i in range(60):
+            before = store.dump()
+            id = client.run(
+                f"memory add 'note {i}' -- 'body {i}'", timeout=rng.uniform(0.001, 0.005)
+            )
+            complete = client.complete(id)
+            written = store.dump() != before
+            if complete["status"] == "timeout":
+                assert not written, f"#{i}: timeout but the note was written: {complete}"
+                assert complete["reason"] == "timeout"
+            else:
+                assert complete["status"] == "ok", complete
+                assert written
+                assert complete["late_cancel"] in (None, "timeout")
+                _check_late_cancel(complete, cancelled=complete["late_cancel"] is not None)
+
+
+def _plan_responder(state: dict[str, list[int]]) -> Any:
+    def responder(body: dict[str, Any]) -> dict[str, Any]:
+        a, b = state["ids"]
+        plan = {
+            "umbrellas": [
+                {
+                    "title": f"Trip {a} and {b}",
+                    "summary": f"the train and the hotel of trip {a}",
+                    "note_ids": [a, b],
+                }
+            ]
+        }
+        return {"content": json.dumps(plan)}
+
+    return responder
+
+
+def _add_pair(client: ConsoleClient, store: NoteStore, i: int) -> list[int]:
+    for title, body in ((f"Trip {i} train", "at nine"), (f"Trip {i} hotel", "near the station")):
+        assert client.complete(client.run(f"memory add '{title}' -- '{body}'"))["status"] == "ok"
+    return [note.id for note in store.notes()[-2:]]
+
+
+def test_a_consolidation_cancelled_at_random_moments_is_cancelled_only_if_nothing_changed(
+    tmp_path: Path, rng: random.Random
+) -> None:
+    state: dict[str, list[int]] = {}
+    outcomes: dict[str, int] = {}
+    with (
+        running_console(tmp_path, responder=_plan_responder(state)) as console,
+        console.client() as client,
+    ):
+        store = NoteStore.in_data_dir(console.data_dir)
+        for i in range(80):
+            state["ids"] = _add_pair(client, store, i)
+            before = store.dump()
+            id = client.run("curator run --consolidate --yes")
+            time.sleep(rng.uniform(0, 0.25))  # the randomized cancel point
+            client.cancel(id)
+            complete = client.complete(id)
+            changed = store.dump() != before
+            status = complete["status"]
+            outcomes[status] = outcomes.get(status, 0) + 1
+            if status in CUT:
+                assert not changed, f"#{i}: {status} but the plan was applied: {complete}"
+            else:
+                assert status == "ok", complete
+                assert changed, f"#{i}: ok but nothing was applied: {complete}"
+                _check_late_cancel(complete, cancelled=True)
+    print(f"outcomes: {outcomes}")
+
+
+def test_a_chat_is_cancelled_only_if_its_reply_was_not_kept(
+    tmp_path: Path, rng: random.Random
+) -> None:
+    seen: list[list[str]] = []
+
+    def responder(body: dict[str, Any]) -> dict[str, Any]:
+        seen.append([m["role"] for m in body["messages"]])
+        return {"content": "noted, and a few more words to stream"}
+
+    outcomes: dict[str, int] = {}
+    with running_console(tmp_path, responder=responder) as console, console.client() as client:
+        for i in range(60):
+            assert client.complete(client.run("chat --new"))["status"] == "ok"
+            id = client.run(f"chat remember {i}")
+            time.sleep(rng.uniform(0, 0.08))  # the randomized cancel point
+            client.cancel(id)
+            complete = client.complete(id)
+            outcomes[complete["status"]] = outcomes.get(complete["status"], 0) + 1
+            seen.clear()
+            assert client.complete(client.run("chat what did I say"))["status"] == "ok"
+            kept = seen[-1] == ["system", "user", "assistant", "user"]
+            if complete["status"] in CUT:
+                assert not kept, f"#{i}: cancelled, yet its reply is in the history: {complete}"
+            else:
+                assert complete["status"] == "ok", complete
+                assert kept, f"#{i}: ok, yet its reply is not in the history: {complete}"
+    print(f"outcomes: {outcomes}")
+    assert console.server.state.runner.health()["workers"]["busy"] == 0
