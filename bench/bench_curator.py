@@ -114,7 +114,7 @@ def one_trial(client: ChatClient, seed: int, max_tokens: int) -> Trial:
     found = sum(1 for pair in pair_sets if pair in groups)
     return Trial(
         seconds=seconds,
-        tokens=plan.usage.completion_tokens,
+        tokens=plan.usage.completion_tokens or 0,  # None: no count (a cut before any token)
         valid=valid,
         umbrellas=len(groups),
         right=right,

@@ -298,10 +298,10 @@ def test_make_plan_asks_with_a_json_schema_and_max_tokens_and_reads_the_plan(
     (body,) = sim.bodies
     assert body["max_tokens"] == PLAN_MAX_TOKENS
     assert body["temperature"] == 0
-    assert body["frequency_penalty"] == 0.5
+    assert body["frequency_penalty"] == 0
+    # Only the group asked about: Paris shares no word with them, and is not sent.
     assert body["messages"][-1]["content"] == (
-        "Notes:\n1. Lyon trip\n   Train at 9:12\n2. Train to Lyon\n   Seat 42, coach 7\n"
-        "3. Paris\n   Museum on Sunday\nAnswer:"
+        "Notes:\n1. Lyon trip\n   Train at 9:12\n2. Train to Lyon\n   Seat 42, coach 7\nAnswer:"
     )
     assert body["response_format"]["type"] == "json_schema"
     schema = body["response_format"]["json_schema"]["schema"]
@@ -531,13 +531,38 @@ def test_only_the_most_recently_used_notes_go_into_the_prompt(
         curate, store, client=client, consolidate=True, dry_run=True, now=NOW, max_notes=3
     )
     assert run.outcome is CuratorOutcome.DRY_RUN  # the sweep; an empty plan
+    # Museum tickets and Paris share words: asked about. Train to Lyon is the
+    # oldest and left out, so Lyon trip has no partner and no request follows.
     (body,) = sim.bodies
-    prompt = body["messages"][-1]["content"]
-    # Museum tickets and Paris share words: listed first. Train to Lyon is the oldest.
-    assert prompt == (
+    assert body["messages"][-1]["content"] == (
         "Notes:\n1. Paris\n   Museum on Sunday\n2. Museum tickets\n   For the museum on Sunday\n"
-        "3. Lyon trip\n   Train at 9:12\nAnswer:"
+        "Answer:"
     )
+
+
+def test_each_umbrella_is_asked_about_one_group_and_a_declined_group_is_not_asked_again(
+    sim: Provider, client: ChatClient, store: NoteStore
+) -> None:
+    lyon = [store.add("Lyon trip", "Train at 9:12").id, store.add("Train to Lyon", "Seat 42").id]
+    bread = [store.add("Bread recipe", "Flour, water").id, store.add("Bread starter", "Feed").id]
+    store.add("Guitar chords", "G, C, D")  # shares no word: never sent
+    umbrella = {"notes": [1, 2], "title": "Bread", "summary": "The bread recipe and its starter."}
+    # The model declines the Lyon notes (no umbrella) and groups the bread notes.
+    sim.reply = lambda body: (
+        plan_reply()
+        if "Lyon" in body["messages"][-1]["content"]
+        else {"content": json.dumps({"umbrellas": [umbrella]})}
+    )
+    plan = in_host(make_plan, client, store.notes())
+    assert plan.defect is None
+    assert plan.umbrellas == (Umbrella("Bread", umbrella["summary"], tuple(bread)),)
+    assert [body["messages"][-1]["content"] for body in sim.bodies] == [
+        "Notes:\n1. Lyon trip\n   Train at 9:12\n2. Train to Lyon\n   Seat 42\nAnswer:",
+        "Notes:\n1. Bread recipe\n   Flour, water\n2. Bread starter\n   Feed\nAnswer:",
+    ]
+    assert plan.usage.requests == 2
+    assert validate_plan(plan, store.notes()) == []
+    assert not set(lyon) & {i for u in plan.umbrellas for i in u.note_ids}  # declined
 
 
 def test_notes_that_share_no_word_are_not_sent_to_the_model(

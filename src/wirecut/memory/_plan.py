@@ -8,14 +8,14 @@ somewhere else (a cluster worker) while the store stays with the host.
 
 Nothing a small model says can make a plan destructive (docs/memory.md,
 "What a plan must be"). The request carries ``response_format`` with a JSON
-schema (``plan_schema``) that llama.cpp turns into a grammar: only note ids
-that exist, at least two and never all of them in an umbrella, at most
-``PLAN_MAX_UMBRELLAS`` umbrellas, bounded title and summary lengths. What a
-grammar cannot say, ``validate_plan`` refuses with the reason: a title or
-summary with no words, a placeholder or the prompt's own example, a summary
-that repeats its title, an umbrella over every active note, a note in two
-umbrellas. A reply that pads (whitespace, or text after the JSON closed) is
-cut as soon as that shows instead of decoding until ``max_tokens``
+schema (``plan_schema``) that llama.cpp turns into a grammar: only groups
+of notes that share a word (``related_groups``), at most one umbrella a
+request, bounded title and summary lengths. What a grammar cannot say,
+``validate_plan`` refuses with the reason: a title or summary with no words
+or a placeholder, a summary that repeats its title, two umbrellas with one
+title, an umbrella over every active note, a note in two umbrellas. A reply
+that pads (whitespace, or text after the JSON closed) is cut as soon as that
+shows instead of decoding until ``max_tokens``
 (docs/architecture.md, fact 9); a reply whose JSON closed is read up to
 there, and one cut at ``max_tokens`` before its JSON closed is never a plan.
 """
@@ -67,8 +67,8 @@ __all__ = [
 
 #: ``max_tokens`` of the plan request unless the caller gives one.
 PLAN_MAX_TOKENS = 384
-#: The plan request's ``frequency_penalty``: a tiny model's summaries loop without it.
-PLAN_FREQUENCY_PENALTY = 0.5
+#: The plan request's ``frequency_penalty``: none, so that a summary may use its notes' words.
+PLAN_FREQUENCY_PENALTY = 0.0
 #: How much of each note's body the model sees.
 PROMPT_BODY_CHARS = 160
 #: The bounds of an umbrella's title and summary. (No ``pattern``: llama.cpp's
@@ -87,10 +87,10 @@ MERGE_ALL_MIN_NOTES = 4
 WHITESPACE_RUN_CUT = 48
 
 SYSTEM_PROMPT = (
-    "You group a person's notes. Find two or three notes about the same subject and put "
-    "them under an umbrella: the numbers of its notes, a short title, and a one-sentence "
-    "summary of what those notes say. If no notes belong together, answer with no "
-    "umbrella. Answer with JSON only."
+    "You group a person's notes. If the notes below are about the same subject, put them "
+    "under an umbrella: the numbers of its notes, a short title, and a summary that says "
+    "what the notes say, in one sentence, using their words. If they are not, answer "
+    "with no umbrella. Answer with JSON only."
 )
 
 #: What a lazy or confused model writes instead of a title or a summary.
@@ -233,26 +233,31 @@ def make_plan(
 ) -> Plan:
     """Ask the model for a plan of umbrella notes over ``notes``; return what it answered.
 
-    Asks for one umbrella at a time, each in a fresh ``AIAgent``
-    conversation over the notes no umbrella took yet (``plan_request``), up
-    to ``PLAN_MAX_UMBRELLAS`` times: a small model that sees its own first
-    umbrella copies its title onto the next one, and a note taken once is
-    offered to no later umbrella. It stops when the model answers with no
-    umbrella, when no related group is left, or when a reply is not a single
-    umbrella over notes still free (a provider that ignored the schema: that
-    reply is the rest of the plan, for ``validate_plan`` to judge). Runs in
-    the calling thread, under the scope bound there (the host's); reads and
-    writes no store. ``on_token`` gets the replies as they stream, a newline
-    between two. ``max_tokens`` bounds each reply. Never raises for what the
-    model or the provider did: a reply that is no plan makes a ``Plan`` with
-    a ``defect`` (and no umbrellas), with the usage of every request.
+    Asks about one group at a time, each in a fresh ``AIAgent``
+    conversation: the best group of notes that share a word among those no
+    umbrella took yet (``related_groups``), listed alone (``plan_request``).
+    The model answers with one umbrella over them (it names and summarises
+    them) or with none (they do not belong together: that group, and any
+    group that holds it, is not offered again). Asked about the whole list,
+    SmolLM2 picked the first group but titled it after some other note, and
+    copied one title onto the next umbrella (docs/memory.md, "The model and
+    the numbers"). Up to ``PLAN_MAX_UMBRELLAS`` requests; it stops early when
+    no group is left, or when a reply is not a single umbrella over notes
+    still free (a provider that ignored the schema: that reply is the rest
+    of the plan, for ``validate_plan`` to judge). Runs in the calling
+    thread, under the scope bound there (the host's); reads and writes no
+    store. ``on_token`` gets the replies as they stream, a newline between
+    two. ``max_tokens`` bounds each reply. Never raises for what the model
+    or the provider did: a reply that is no plan makes a ``Plan`` with a
+    ``defect`` (and no umbrellas), with the usage of every request.
 
     ``temperature`` defaults to 0: a plan wants no invention, and with the
     tiny local models the default sampling padded whitespace until
     ``max_tokens`` where greedy decoding closed the JSON (None: the
     provider's default). ``frequency_penalty`` (OpenAI's, which llama.cpp
-    honours) keeps SmolLM2's summaries from repeating a phrase until their
-    length bound (bench/bench_curator.py).
+    honours) defaults to 0: at 0.5 SmolLM2's summaries repeated themselves
+    less but avoided the notes' own words for invented ones
+    (bench/bench_curator.py, docs/memory.md).
 
     Each reply is watched as it streams: once its JSON closed, the request
     is cut (what follows is not part of the plan), and after
@@ -277,23 +282,36 @@ def make_plan(
     texts: list[str] = []
     usage = Usage()
     free = list(notes)
+    declined: list[frozenset[int]] = []
     for _ in range(PLAN_MAX_UMBRELLAS):
-        request = plan_request(free)
-        if not request.groups:
-            break  # no two free notes share a word: nothing (more) to ask
+        group = _next_group(free, declined)
+        if group is None:
+            break  # no two free notes share a word (or the model declined them)
         if texts and on_token is not None:
             on_token("\n")
+        request = plan_request([note for note in free if note.id in group])
         part = _ask(client, request, model, params, on_token)
         texts.append(part.text)
         usage.add(part.usage)
         if part.defect is not None:
             return dataclasses.replace(part, text="\n".join(texts), usage=usage)
+        if not part.umbrellas:
+            declined.append(group)  # the model says they do not belong together
+            continue
         umbrellas += part.umbrellas
         taken = {note_id for umbrella in part.umbrellas for note_id in umbrella.note_ids}
         if len(part.umbrellas) != 1 or not taken <= {note.id for note in free}:
             break
         free = [note for note in free if note.id not in taken]
     return Plan(umbrellas=tuple(umbrellas), text="\n".join(texts), usage=usage)
+
+
+def _next_group(free: Sequence[Note], declined: Sequence[frozenset[int]]) -> frozenset[int] | None:
+    """The best group of ``free`` notes that share a word and hold no group the model declined."""
+    for group in related_groups(free, max_size=UMBRELLA_MAX_NOTES):
+        if not any(no <= set(group) for no in declined):
+            return frozenset(group)
+    return None
 
 
 def _ask(
@@ -486,10 +504,10 @@ def validate_plan(plan: Plan, notes: Sequence[Note]) -> list[str]:
     ``notes`` are the notes as read (all of them, any state). A plan is
     valid when it has no ``defect``; every umbrella has a fit title and
     summary (words, not a placeholder, a summary that says more than its
-    title, a title no other umbrella has) and merges at least two distinct notes that share a word
-    (``subject_words``), not every active one of ``MERGE_ALL_MIN_NOTES`` or
-    more; every note it
-    names exists and is active; and no note is in two umbrellas. A plan with
+    title, a title no other umbrella has) and merges at least two distinct
+    notes that share a word (``subject_words``), not every active one of
+    ``MERGE_ALL_MIN_NOTES`` or more; every note it names exists and is
+    active; and no note is in two umbrellas. A plan with
     no umbrellas is valid: it changes nothing. Pure; call from anywhere.
     """
     if plan.defect is not None:
