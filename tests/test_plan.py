@@ -122,12 +122,12 @@ def test_only_notes_that_share_a_word_are_offered_together() -> None:
     assert [n.id for n in request.listing] == [2, 6, 3, 5, 1, 4]
     assert request.groups == ((1, 2), (1, 6), (1, 2, 6), (3, 4), (2, 6))
     assert request.prompt == (
-        "Notes:\n1. Lyon trip: Train at 9:12\n2. Train to Lyon: Seat 42\n"
-        "3. Tomato plants: Six in May\n4. Watering tomatoes: Every evening\n"
-        "5. Guitar chords: G, C, D\n6. Lyon hotel: Two nights\nAnswer:"
+        "Notes:\n1. Lyon trip\n   Train at 9:12\n2. Train to Lyon\n   Seat 42\n"
+        "3. Tomato plants\n   Six in May\n4. Watering tomatoes\n   Every evening\n"
+        "5. Guitar chords\n   G, C, D\n6. Lyon hotel\n   Two nights\nAnswer:"
     )
     umbrellas = request.schema["properties"]["umbrellas"]
-    assert umbrellas["maxItems"] == 2  # two disjoint pairs
+    assert umbrellas["maxItems"] == 1  # one umbrella a request: see make_plan
     assert umbrellas["items"]["properties"]["notes"]["enum"] == [list(g) for g in request.groups]
 
 
@@ -182,6 +182,10 @@ def test_a_plan_with_fit_text_over_distinct_active_notes_is_valid() -> None:
         (
             plan(("Lyon trip", "lyon TRIP!", (1, 2))),
             ["umbrella 1: the summary only repeats the title"],
+        ),
+        (
+            plan(("Lyon trip", "Train and hotel.", (1, 2)), ("lyon TRIP", "Bread.", (3, 4))),
+            ["umbrella 2 has the title of umbrella 1"],
         ),
         (
             plan(("Everything", "All my notes.", (1, 2, 3, 4, 5, 6))),

@@ -479,13 +479,24 @@ def test_a_multi_line_confirmation_is_printed_as_it_is_then_asked(
         child = spawn(console.server.url + f"?token={console.server.token}")
         child.expect(PROMPT)
         child.sendline("curator run --consolidate")
-        # Each line of the message on a line of its own, its indentation kept,
-        # and the y/N question only under the last one.
-        child.expect(r"curator run will:\r\n")
-        child.expect(r"^  merge #1 'Lyon', #2 'Paris' into a new note 'Trips'\r\n")
-        child.expect(r"^  merge #3 'Bread', #4 'Soup' into a new note 'Food'\r\n")
+        # The plan as its table (each umbrella's title, its summary's first
+        # line, the notes it archives), each line on a line of its own with
+        # its indentation and column alignment kept, and the y/N question only
+        # under the last one.
+        table = [
+            "curator run will:",
+            "  create 2 umbrella notes, archiving the notes merged into them:",
+            "    new note  summary        archives",
+            "    Trips     Both trips.    #1 Lyon",
+            "                             #2 Paris",
+            "    Food      Both recipes.  #3 Bread",
+            "                             #4 Soup",
+        ]
+        child.expect(re.escape(table[0]) + r"\r\n")
+        for line in table[1:]:  # ^: right after the line before
+            child.expect("^" + re.escape(line) + r"\r\n")
         child.expect(r"go ahead\?" + _ANSI + r" \[y/N\]")
-        assert "merge" not in (child.before or "")
+        assert "#" not in (child.before or "")  # no line of the table under the question
         child.sendline("y")
         child.expect("done:")
         child.expect(PROMPT)

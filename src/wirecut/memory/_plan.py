@@ -8,15 +8,16 @@ somewhere else (a cluster worker) while the store stays with the host.
 
 Nothing a small model says can make a plan destructive (docs/memory.md,
 "What a plan must be"). The request carries ``response_format`` with a JSON
-schema (``plan_schema``) that llama.cpp turns into a grammar: only note ids
-that exist, at least two and never all of them in an umbrella, at most
-``PLAN_MAX_UMBRELLAS`` umbrellas, bounded title and summary lengths. What a
-grammar cannot say, ``validate_plan`` refuses with the reason: a title or
-summary with no words, a placeholder or the prompt's own example, a summary
-that repeats its title, an umbrella over every active note, a note in two
-umbrellas. A reply that pads (whitespace, or text after the JSON closed) is
-cut as soon as that shows instead of decoding until ``max_tokens``
-(docs/architecture.md, fact 9); a reply cut at ``max_tokens`` is never a plan.
+schema (``plan_schema``) that llama.cpp turns into a grammar: only groups
+of notes that share a word (``related_groups``), at most one umbrella a
+request, bounded title and summary lengths. What a grammar cannot say,
+``validate_plan`` refuses with the reason: a title or summary with no words
+or a placeholder, a summary that repeats its title, two umbrellas with one
+title, an umbrella over every active note, a note in two umbrellas. A reply
+that pads (whitespace, or text after the JSON closed) is cut as soon as that
+shows instead of decoding until ``max_tokens``
+(docs/architecture.md, fact 9); a reply whose JSON closed is read up to
+there, and one cut at ``max_tokens`` before its JSON closed is never a plan.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from wirecut.memory._notes import (
     check_title,
 )
 from wirecut.memory._related import (
-    disjoint_pairs,
     listing_order,
     related_groups,
     subject_words,
@@ -67,8 +67,8 @@ __all__ = [
 
 #: ``max_tokens`` of the plan request unless the caller gives one.
 PLAN_MAX_TOKENS = 384
-#: The plan request's ``frequency_penalty``: a tiny model's summaries loop without it.
-PLAN_FREQUENCY_PENALTY = 0.5
+#: The plan request's ``frequency_penalty``: none, so that a summary may use its notes' words.
+PLAN_FREQUENCY_PENALTY = 0.0
 #: How much of each note's body the model sees.
 PROMPT_BODY_CHARS = 160
 #: The bounds of an umbrella's title and summary. (No ``pattern``: llama.cpp's
@@ -87,11 +87,10 @@ MERGE_ALL_MIN_NOTES = 4
 WHITESPACE_RUN_CUT = 48
 
 SYSTEM_PROMPT = (
-    "You group a person's notes. Put notes about the same subject together under "
-    "an umbrella: the numbers of its notes, a short title, and a one-sentence summary "
-    "of what those notes say. A note goes into at most one umbrella, and an umbrella "
-    "has two or three notes. Leave out notes that match no other note. Answer with "
-    "JSON only."
+    "You group a person's notes. If the notes below are about the same subject, put them "
+    "under an umbrella: the numbers of its notes, a short title, and a summary that says "
+    "what the notes say, in one sentence, using their words. If they are not, answer "
+    "with no umbrella. Answer with JSON only."
 )
 
 #: What a lazy or confused model writes instead of a title or a summary.
@@ -171,12 +170,10 @@ def plan_request(notes: Sequence[Note]) -> PlanRequest:
     listing = tuple(listing_order(notes, by_id))
     number = {note.id: k for k, note in enumerate(listing, start=1)}
     groups = tuple(tuple(sorted(number[i] for i in group)) for group in by_id)
-    # Each umbrella is at least a pair: no more umbrellas than disjoint pairs.
-    umbrellas = max(1, min(PLAN_MAX_UMBRELLAS, len(disjoint_pairs(by_id))))
     return PlanRequest(
         listing=listing,
         groups=groups,
-        schema=plan_schema(groups, max_umbrellas=umbrellas),
+        schema=plan_schema(groups, max_umbrellas=1),
         prompt=_prompt(listing),
     )
 
@@ -236,55 +233,105 @@ def make_plan(
 ) -> Plan:
     """Ask the model for a plan of umbrella notes over ``notes``; return what it answered.
 
-    Runs one ``AIAgent`` conversation in the calling thread, under the scope
-    bound there (the host's). It reads and writes no store. ``on_token``
-    gets the reply as it streams. Never raises for what the model or the
-    provider did: a reply that is no plan is a ``Plan`` with a ``defect``.
+    Asks about one group at a time, each in a fresh ``AIAgent``
+    conversation: the best group of notes that share a word among those no
+    umbrella took yet (``related_groups``), listed alone (``plan_request``).
+    The model answers with one umbrella over them (it names and summarises
+    them) or with none (they do not belong together: that group, and any
+    group that holds it, is not offered again). Asked about the whole list,
+    SmolLM2 picked the first group but titled it after some other note, and
+    copied one title onto the next umbrella (docs/memory.md, "The model and
+    the numbers"). Up to ``PLAN_MAX_UMBRELLAS`` requests; it stops early when
+    no group is left, or when a reply is not a single umbrella over notes
+    still free (a provider that ignored the schema: that reply is the rest
+    of the plan, for ``validate_plan`` to judge). Runs in the calling
+    thread, under the scope bound there (the host's); reads and writes no
+    store. ``on_token`` gets the replies as they stream, a newline between
+    two. ``max_tokens`` bounds each reply. Never raises for what the model
+    or the provider did: a reply that is no plan makes a ``Plan`` with a
+    ``defect`` (and no umbrellas), with the usage of every request.
 
     ``temperature`` defaults to 0: a plan wants no invention, and with the
     tiny local models the default sampling padded whitespace until
     ``max_tokens`` where greedy decoding closed the JSON (None: the
     provider's default). ``frequency_penalty`` (OpenAI's, which llama.cpp
-    honours) keeps SmolLM2's summaries from repeating a phrase until their
-    length bound, and made it find more of the seeded pairs
-    (bench/bench_curator.py).
+    honours) defaults to 0: at 0.5 SmolLM2's summaries repeated themselves
+    less but avoided the notes' own words for invented ones
+    (bench/bench_curator.py, docs/memory.md).
 
-    The reply is watched as it streams: once its JSON closed, the request is
-    cut (what follows is not part of the plan), and after
+    Each reply is watched as it streams: once its JSON closed, the request
+    is cut (what follows is not part of the plan), and after
     ``WHITESPACE_RUN_CUT`` whitespace characters in a row it is cut and is
     no plan (padding, which would otherwise run to ``max_tokens``). Those
     cuts go through a child scope, like a cancel: the provider sees the close.
 
-    Cancellation: a cancel of the bound scope cuts the request (the provider
-    sees the close) and returns at once a ``Plan`` with ``interrupted=True``,
-    a ``defect``, and the usage of what was produced before the cut. The
-    caller checks its scope after this returns.
+    Cancellation: a cancel of the bound scope cuts the request in flight
+    (the provider sees the close), asks for nothing more, and returns at
+    once a ``Plan`` with ``interrupted=True``, a ``defect``, and the usage of
+    what was produced before the cut. The caller checks its scope after this
+    returns.
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, not {max_tokens!r}")
-    request = plan_request(notes)
-    if not request.groups:
-        return Plan()  # no two notes share a word: nothing to ask, nothing to merge
-    params: dict[str, Any] = {
-        "response_format": {
-            "type": "json_schema",
-            "json_schema": {
-                "name": "consolidation_plan",
-                "strict": True,
-                "schema": request.schema,
-            },
-        },
-        "max_tokens": max_tokens,
-    }
+    params: dict[str, Any] = {"max_tokens": max_tokens}
     if temperature is not None:
         params["temperature"] = temperature
     if frequency_penalty is not None:
         params["frequency_penalty"] = frequency_penalty
+    umbrellas: list[Umbrella] = []
+    texts: list[str] = []
+    usage = Usage()
+    free = list(notes)
+    declined: list[frozenset[int]] = []
+    for _ in range(PLAN_MAX_UMBRELLAS):
+        group = _next_group(free, declined)
+        if group is None:
+            break  # no two free notes share a word (or the model declined them)
+        if texts and on_token is not None:
+            on_token("\n")
+        request = plan_request([note for note in free if note.id in group])
+        part = _ask(client, request, model, params, on_token)
+        texts.append(part.text)
+        usage.add(part.usage)
+        if part.defect is not None:
+            return dataclasses.replace(part, text="\n".join(texts), usage=usage)
+        if not part.umbrellas:
+            declined.append(group)  # the model says they do not belong together
+            continue
+        umbrellas += part.umbrellas
+        taken = {note_id for umbrella in part.umbrellas for note_id in umbrella.note_ids}
+        if len(part.umbrellas) != 1 or not taken <= {note.id for note in free}:
+            break
+        free = [note for note in free if note.id not in taken]
+    return Plan(umbrellas=tuple(umbrellas), text="\n".join(texts), usage=usage)
+
+
+def _next_group(free: Sequence[Note], declined: Sequence[frozenset[int]]) -> frozenset[int] | None:
+    """The best group of ``free`` notes that share a word and hold no group the model declined."""
+    for group in related_groups(free, max_size=UMBRELLA_MAX_NOTES):
+        if not any(no <= set(group) for no in declined):
+            return frozenset(group)
+    return None
+
+
+def _ask(
+    client: Chat,
+    request: PlanRequest,
+    model: str | None,
+    params: dict[str, Any],
+    on_token: Callable[[str], None] | None,
+) -> Plan:
+    """One request of ``make_plan``: the plan (or the defect) of one reply."""
+    response_format = {
+        "type": "json_schema",
+        "json_schema": {"name": "consolidation_plan", "strict": True, "schema": request.schema},
+    }
     agent = AIAgent(
         client,
         model=model,
         system_prompt=SYSTEM_PROMPT,
         max_iterations=1,
+        response_format=response_format,
         **params,
     )
     # Our own cuts (the JSON closed, padding) cancel this child; the host's
@@ -295,20 +342,24 @@ def make_plan(
         result = agent.run_conversation(request.prompt, on_token=watcher)
     reply_scope.close()
     text, usage = result.final_text, result.usage
-    if result.status is ConversationStatus.INTERRUPTED and watcher.cut is not None:
-        host = ws.current_scope()
-        if host is None or not host.cancelled:
-            if watcher.cut is _Cut.PADDING:
-                return Plan(
-                    defect=(
-                        f"the model padded its reply with whitespace; it was cut after "
-                        f"{WHITESPACE_RUN_CUT} blank characters in a row"
-                    ),
-                    text=text,
-                    usage=usage,
-                )
-            plan = parse_plan(watcher.json_text, listing=request.listing)
-            return dataclasses.replace(plan, usage=usage)
+    host = ws.current_scope()
+    ours = host is None or not host.cancelled  # a cut of ours, not the host's cancel
+    if ours and watcher.cut is _Cut.CLOSED and result.status in _READ:
+        # The JSON closed: that is the whole reply, whatever the provider
+        # says next. Its last token may also have been the last one
+        # ``max_tokens`` allowed, and whether the provider's "length" or our
+        # cut comes first is a race that says nothing about the plan.
+        plan = parse_plan(watcher.json_text, listing=request.listing)
+        return dataclasses.replace(plan, usage=usage)
+    if ours and watcher.cut is _Cut.PADDING and result.status in _READ:
+        return Plan(
+            defect=(
+                f"the model padded its reply with whitespace; it was cut after "
+                f"{WHITESPACE_RUN_CUT} blank characters in a row"
+            ),
+            text=text,
+            usage=usage,
+        )
     if result.status is ConversationStatus.INTERRUPTED:
         return Plan(
             defect=f"the model's reply was cut short ({result.reason})",
@@ -321,12 +372,18 @@ def make_plan(
     if result.status is not ConversationStatus.OK:
         return Plan(defect="the model called tools instead of giving a plan", usage=usage)
     if result.finish_reason == "length":
+        # Its JSON never closed (that is read above): half a plan.
+        max_tokens = params["max_tokens"]
         return Plan(
             defect=f"the model's reply was cut short at max_tokens ({max_tokens})",
             text=text,
             usage=usage,
         )
     return dataclasses.replace(parse_plan(text, listing=request.listing), usage=usage)
+
+
+#: The ends of a conversation after which ``_ReplyWatcher``'s verdict is read.
+_READ = frozenset({ConversationStatus.OK, ConversationStatus.INTERRUPTED})
 
 
 class _Cut(enum.Enum):
@@ -447,10 +504,10 @@ def validate_plan(plan: Plan, notes: Sequence[Note]) -> list[str]:
     ``notes`` are the notes as read (all of them, any state). A plan is
     valid when it has no ``defect``; every umbrella has a fit title and
     summary (words, not a placeholder, a summary that says more than its
-    title) and merges at least two distinct notes that share a word
-    (``subject_words``), not every active one of ``MERGE_ALL_MIN_NOTES`` or
-    more; every note it
-    names exists and is active; and no note is in two umbrellas. A plan with
+    title, a title no other umbrella has) and merges at least two distinct
+    notes that share a word (``subject_words``), not every active one of
+    ``MERGE_ALL_MIN_NOTES`` or more; every note it names exists and is
+    active; and no note is in two umbrellas. A plan with
     no umbrellas is valid: it changes nothing. Pure; call from anywhere.
     """
     if plan.defect is not None:
@@ -459,8 +516,13 @@ def validate_plan(plan: Plan, notes: Sequence[Note]) -> list[str]:
     active = {note.id for note in notes if note.state is NoteState.ACTIVE}
     owner: dict[int, int] = {}
     problems: list[str] = []
+    titles: dict[str, int] = {}
     for i, umbrella in enumerate(plan.umbrellas, start=1):
         problems += _text_problems(i, umbrella)
+        # A small model copies its first umbrella's text onto the next one.
+        first = titles.setdefault(_normal(umbrella.title), i)
+        if first != i:
+            problems.append(f"umbrella {i} has the title of umbrella {first}")
         if len(set(umbrella.note_ids)) < 2:
             problems.append(f"umbrella {i} merges fewer than two notes")
         elif len(active) >= MERGE_ALL_MIN_NOTES and active <= set(umbrella.note_ids):
@@ -517,10 +579,14 @@ def _normal(text: str) -> str:
 
 
 def _prompt(listing: Sequence[Note]) -> str:
-    """The notes as a compact numbered list, numbered from 1 in ``listing``'s order."""
+    """The notes as a compact numbered list, numbered from 1 in ``listing``'s order.
+
+    The body goes on its own indented line: on one line with the title, the
+    model copied "title: body" into its umbrella titles.
+    """
     lines = []
     for number, note in enumerate(listing, start=1):
         body = " ".join(note.body.split())[:PROMPT_BODY_CHARS]
         title = " ".join(note.title.split())
-        lines.append(f"{number}. {title}: {body}" if body else f"{number}. {title}")
+        lines.append(f"{number}. {title}\n   {body}" if body else f"{number}. {title}")
     return "Notes:\n" + "\n".join(lines) + "\nAnswer:"
