@@ -39,9 +39,20 @@ def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
         raise JSONError(f"JSON nested more than {max_depth} levels deep") from None
     except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for bytes
         raise JSONError(f"not JSON ({exc})") from None
-    if _nests_deeper(value, max_depth):
+    if _brackets(text) > max_depth and _nests_deeper(value, max_depth):
         raise JSONError(f"JSON nested more than {max_depth} levels deep")
     return value
+
+
+def _brackets(text: str | bytes) -> int:
+    """How many arrays and objects ``text`` opens at most: a bound on its depth.
+
+    Counted in C, so the walk in Python is only needed for a text that could
+    nest too deeply (a streamed chunk opens about five).
+    """
+    if isinstance(text, str):
+        return text.count("[") + text.count("{")
+    return text.count(b"[") + text.count(b"{")
 
 
 def _nests_deeper(value: Any, max_depth: int) -> bool:
