@@ -89,8 +89,16 @@ def _leave(ctx: CommandContext, args: list[str]) -> None:
     ctx.write("left\n")
 
 
+@command("test-ask", usage="test-ask N", summary="(tests) writes N lines, then asks to confirm")
+def _ask(ctx: CommandContext, args: list[str]) -> None:
+    for k in range(int(args[0])):
+        ctx.write(f"line {k}\n")
+    ctx.confirm("go ahead?")
+    ctx.write("confirmed\n")
+
+
 #: The console's commands and these tests' own.
-COMMANDS = builtin_commands().plus(_stubborn, _print, _orphan, _leave)
+COMMANDS = builtin_commands().plus(_stubborn, _print, _orphan, _leave, _ask)
 
 # -- helpers ---------------------------------------------------------------------------
 
@@ -645,3 +653,19 @@ def test_an_unwritable_data_dir_is_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "cannot be used" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_what_a_command_wrote_before_it_asks_reaches_the_client_before_the_question(
+    tmp_path: Path,
+) -> None:
+    # Output is coalesced for a few milliseconds; the question must not overtake it.
+    with running_console(tmp_path, commands=COMMANDS) as running, running.client() as c:
+        for round in range(5):
+            id = c.run("test-ask 200")
+            c.wait_for(lambda f, id=id: f["type"] == "confirm_required" and f["id"] == id)
+            frames = [f for f in c.frames if f.get("id") == id]
+            asked = next(k for k, f in enumerate(frames) if f["type"] == "confirm_required")
+            before = "".join(f["data"] for f in frames[:asked] if f["type"] == "output")
+            assert before == "".join(f"line {k}\n" for k in range(200)), round
+            c.send({"type": "confirm", "id": id})
+            assert c.complete(id)["status"] == "ok"

@@ -326,6 +326,10 @@ class RunnerCore:
 
     def confirm_required(self, command: Command, message: str) -> None:
         if command.state is CommandState.RUNNING:
+            if command.output is not None:
+                # What the work wrote before it asked is still being coalesced:
+                # it goes first, or the question would overtake it.
+                command.output.flush()
             command.sink.confirm_required(command, message)
 
     # -- accepting and completing ------------------------------------------------------------
