@@ -689,6 +689,9 @@ def test_a_long_confirmation_is_preformatted_and_scrolls_inside_the_dialog(
         assert style["scrolls"]  # taller than the dialog allows: it scrolls inside
         assert style["bottom"] <= 420  # and the dialog, its buttons too, stays on screen
         expect(dialog.locator("#confirm-yes")).to_be_in_viewport()
+        # In the block, the question starts a line of its own after the streamed plan.
+        shown = block.locator(".cmd-out").text_content() or ""
+        assert re.search(r"\}\n+curator run will:", shown), shown[-300:]
         page.keyboard.press("Enter")
         expect_state(block, "ok")
         assert sum(1 for note in store.notes() if note.state is NoteState.ARCHIVED) == 20

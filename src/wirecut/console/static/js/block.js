@@ -130,6 +130,8 @@ export class CommandBlock {
     if (stream === "token") data = this.folder.feed(data);
     if (stream === "stderr") this.stderrTail = (this.stderrTail + data).slice(-4096);
     if (!data) return;
+    const own = stream === "confirm" || stream === "note";
+    if (own && this.lastText && !this.lastText.data.endsWith("\n")) data = `\n${data}`; // a line of its own
     const out = this.el.out;
     out.hidden = false;
     if (this.lastStream === stream && this.lastText) {
