@@ -20,8 +20,9 @@ running at the cut run those tasks no more, and records:
   seconds after the cut (they leave the count then).
 
 Which slots a cut held. ``/slots`` does not say which request a task serves,
-so a cut is charged with every task running at the first reading after it
-(tasks that start later are new ids and never counted). That is exact when
+so a cut is charged with every task running at the first reading after it,
+taken ``SETTLE`` seconds after the cut at the earliest (tasks that start
+later are new ids and never counted). That is exact when
 the console is the provider's only client and ran nothing else at the time;
 otherwise a request that was running beside the cut counts until it ends.
 
@@ -51,7 +52,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from wirecut.console.runner import CompleteFacts, Status
 
-__all__ = ["MIN_INTERVAL", "WATCH_LIMIT", "SlotWatch"]
+__all__ = ["MIN_INTERVAL", "SETTLE", "WATCH_LIMIT", "SlotWatch"]
 
 #: Seconds between two readings of ``/slots`` (llama.cpp's pace: see the module docstring).
 MIN_INTERVAL = 1.5
@@ -59,6 +60,10 @@ MIN_INTERVAL = 1.5
 WATCH_LIMIT = 600.0
 #: How long one reading may take.
 READ_TIMEOUT = 5.0
+#: Seconds from a cut to the first reading: the cuts of a burst complete in
+#: that time, and a reading (a request and its JSON on the event loop) among
+#: them held their completes back; a slot freed sooner is not "busy after a cut".
+SETTLE = 0.25
 
 # Milliseconds: a prompt batch of llama.cpp takes from a fraction of a second to tens.
 _HELD_BUCKETS = (250, 500, 1000, 1500, 2000, 3000, 5000, 10000, 20000, 30000, 60000, 120000)
@@ -118,6 +123,10 @@ class SlotWatch:
         )
         # None until a reading says whether the provider exposes /slots.
         self.exposes_slots: bool | None = None
+        # Made here, once: a client's TLS context takes tens of milliseconds of
+        # CPU to build, which on the event loop, at the first cut of a burst,
+        # held back the completes of every command cut with it.
+        self._http = httpx.AsyncClient(headers=self._headers, timeout=READ_TIMEOUT)
         self._cuts: list[_Cut] = []
         self._last_read = -float("inf")
         self._task: asyncio.Task[None] | None = None
@@ -153,32 +162,34 @@ class SlotWatch:
         return {"busy_after_cut": self.busy_after_cut()}
 
     async def aclose(self) -> None:
-        """Stop watching; idempotent."""
+        """Stop watching and close the HTTP client; idempotent."""
         task, self._task = self._task, None
         if task is not None and not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self._http.aclose()
 
     # -- the task -----------------------------------------------------------------------
 
     async def _watch(self) -> None:
-        async with httpx.AsyncClient(headers=self._headers, timeout=READ_TIMEOUT) as http:
-            while self._cuts:
-                # The provider's own pace: see MIN_INTERVAL.
-                next_read = self._last_read + self.min_interval
-                await asyncio.sleep(max(0.0, next_read - time.monotonic()))
-                seen = list(self._cuts)
-                self._last_read = time.monotonic()
-                reading = await self._read(http)
-                if self.exposes_slots is False:
-                    self._cuts.clear()
-                    break
-                if reading is not None:
-                    self._apply(reading, seen)
-                self._give_up(time.monotonic())
-                self.busy_gauge.set(len(self._charged()))
+        http = self._http
+        while self._cuts:
+            # The provider's own pace (MIN_INTERVAL), and the burst's (SETTLE).
+            settled = min(cut.at for cut in self._cuts) + SETTLE
+            next_read = max(self._last_read + self.min_interval, settled)
+            await asyncio.sleep(max(0.0, next_read - time.monotonic()))
+            seen = list(self._cuts)
+            self._last_read = time.monotonic()
+            reading = await self._read(http)
+            if self.exposes_slots is False:
+                self._cuts.clear()
+                break
+            if reading is not None:
+                self._apply(reading, seen)
+            self._give_up(time.monotonic())
             self.busy_gauge.set(len(self._charged()))
+        self.busy_gauge.set(len(self._charged()))
 
     async def _read(self, http: httpx.AsyncClient) -> _Reading | None:
         """One reading of ``/slots``; None when the provider did not answer this time."""
