@@ -1,7 +1,7 @@
 """How much a hostile provider grows the console: a huge body, an endless SSE line.
 
 Run: ``python bench/bench_provider_bounds.py [--body-mib 300] [--seconds 15]
-[--before /work/main/src]``. For each case it starts ``wirecut serve`` (a real
+[--before OLD/src]``. For each case it starts ``wirecut serve`` (a real
 process) against a loopback provider written here, runs one ``chat`` over
 the WebSocket, and reads the server's resident memory from
 ``/proc/PID/status``: ``VmRSS`` before the chat, and the peak ``VmHWM`` by
@@ -162,13 +162,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--body-mib", type=int, default=300)
     parser.add_argument("--seconds", type=float, default=15.0, help="how long an endless case runs")
-    parser.add_argument("--before", type=Path, default=Path("/work/main/src"))
+    parser.add_argument(
+        "--before", type=Path, default=None, help="an older source tree to compare with"
+    )
     args = parser.parse_args()
     print("| case | code | result | server RSS growth (peak) | time | provider saw the close |")
     print("|---|---|---|---|---|---|")
     cases = [("body", f"{args.body_mib} MiB body"), ("line", "endless SSE line")]
     for mode, label in cases:
-        for name, src in (("before", args.before), ("after", HERE)):
+        trees = [("before", args.before)] if args.before is not None else []
+        for name, src in [*trees, ("after", HERE)]:
             wait = args.seconds if mode == "line" else 120.0
             row = run_case(src, mode, args.body_mib, wait)
             print(

@@ -1,9 +1,9 @@
 """Benchmark the console's memory against clients that send and never read.
 
-Run: ``python bench/bench_slow_reader.py [--seconds 45] [--before /work/main/src]``.
+Run: ``python bench/bench_slow_reader.py [--seconds 45] [--before OLD/src]``.
 
 Two scenarios, each against a fresh ``wirecut serve`` (a process; its RSS is
-read from ``/proc/PID/status``), once on the code at ``--before`` (a source
+read from ``/proc/PID/status``), once on the code at ``--before`` when given (a source
 tree, put first on ``PYTHONPATH``) and once on this tree's code, side by side:
 
 - **ping flood**: three clients send protocol pings (``{"type": "ping"}``) as
@@ -253,13 +253,16 @@ def measure(label: str, src: Path, scenario: str, seconds: float, cap: int) -> d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=45.0)
-    parser.add_argument("--before", type=Path, default=Path("/work/main/src"))
+    parser.add_argument(
+        "--before", type=Path, default=None, help="an older source tree to compare with"
+    )
     parser.add_argument("--after", type=Path, default=HERE.parent / "src")
     parser.add_argument("--cap-mib", type=float, default=1536.0)
     args = parser.parse_args()
     rows = []
     for scenario in ("ping flood", "memory list"):
-        for label, src in (("before", args.before), ("after", args.after)):
+        trees = [("before", args.before)] if args.before is not None else []
+        for label, src in [*trees, ("after", args.after)]:
             row = measure(label, src, scenario, args.seconds, int(args.cap_mib * MIB))
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)

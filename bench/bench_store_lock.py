@@ -1,6 +1,6 @@
 """Cancel -> return of a note-store write that waits for another writer's lock.
 
-Run: ``python bench/bench_store_lock.py [--trials 20] [--before /work/main/src]``.
+Run: ``python bench/bench_store_lock.py [--trials 20] [--before OLD/src]``.
 Another connection holds the store's write lock (``BEGIN IMMEDIATE``); a
 ``memory add``-like write (``NoteStore.add`` under a scope, on a thread)
 waits for it; the scope is cancelled 50 ms later and the time until the
@@ -69,11 +69,14 @@ def trial(src: Path) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=20)
-    parser.add_argument("--before", type=Path, default=Path("/work/main/src"))
+    parser.add_argument(
+        "--before", type=Path, default=None, help="an older source tree to compare with"
+    )
     args = parser.parse_args()
     print("| code | trials | cancel -> returned p50 | p99 | max | outcome |")
     print("|---|---|---|---|---|---|")
-    for name, src in (("before", args.before), ("after", HERE)):
+    trees = [("before", args.before)] if args.before is not None else []
+    for name, src in [*trees, ("after", HERE)]:
         runs = [trial(src) for _ in range(args.trials)]
         ms = [float(str(run["ms"])) for run in runs]
         outcomes = sorted({str(run["outcome"]) for run in runs})
