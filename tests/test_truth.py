@@ -125,7 +125,7 @@ def test_a_consolidation_cancelled_at_random_moments_is_cancelled_only_if_nothin
         console.client() as client,
     ):
         store = NoteStore.in_data_dir(console.data_dir)
-        for i in range(80):
+        for i in range(60):
             _add_pair(client, i)
             before = store.dump()
             id = client.run("curator run --consolidate --yes")
