@@ -673,7 +673,8 @@ def test_a_long_confirmation_is_preformatted_and_scrolls_inside_the_dialog(
         open_console(page, planned)
         block = run(page, "curator run --consolidate")
         dialog = page.locator("#confirm")
-        expect(dialog).to_be_visible()
+        # The scripted plan streams ten umbrellas at the simulator's 40 tokens/s.
+        expect(dialog).to_be_visible(timeout=2 * WAIT_MS)
         message = dialog.locator("#confirm-message")
         lines = message.inner_text().splitlines()
         for k in range(1, 11):  # each umbrella on a line of its own, as the server wrote it
