@@ -81,6 +81,11 @@ TOMBSTONE_SECONDS = 600.0
 OUTPUT_GATHER = 0.025
 #: How long an ending host waits for its job streams to hand over their receipts.
 RECEIPT_GRACE = 2.0
+#: How long it then lets Ray deliver what the streams yielded last. A
+#: generator runs on past its last ``yield`` before that object reached its
+#: owner, Ray says nothing when it has, and a kill in between loses the
+#: receipt (seen on a loaded machine).
+RECEIPT_FLUSH = 1.0
 #: How often the lease watchdog looks at the clock, in seconds.
 LEASE_TICK = 0.1
 
@@ -489,6 +494,7 @@ class CommandHost:
         # outlive the serve process that owned it.
         with self._streams_done:
             self._streams_done.wait_for(lambda: self._streams == 0, RECEIPT_GRACE)
+        time.sleep(RECEIPT_FLUSH)
         with contextlib.suppress(Exception):
             ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
         time.sleep(5)
