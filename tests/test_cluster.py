@@ -141,8 +141,11 @@ def cluster_console(
         yield Remote(server, sim, data_dir)
 
 
-def endless_sim(slots: int = 16) -> SimulatorServer:
-    return SimulatorServer(SimConfig(slots=slots, tokens_per_second=50, prompt_ms=5, endless=True))
+def endless_sim(slots: int = 16, tokens_per_second: float = 50) -> SimulatorServer:
+    """A simulator whose replies run to the request's ``max_tokens`` (256 for ``chat``)."""
+    return SimulatorServer(
+        SimConfig(slots=slots, tokens_per_second=tokens_per_second, prompt_ms=5, endless=True)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -538,7 +541,9 @@ def test_a_killed_serve_process_leaves_no_command_running(
     cluster: RayCluster, tmp_path: Path
 ) -> None:
     before = _named_hosts()
-    with endless_sim() as sim:
+    # The replies must outlast the lease (5 s) and the wait below: 256 tokens
+    # at 50 tok/s ended on their own in CI before the lease cut them.
+    with endless_sim(tokens_per_second=5) as sim:
         proc = subprocess.Popen(
             [
                 sys.executable,
