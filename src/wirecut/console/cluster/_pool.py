@@ -50,6 +50,8 @@ RENEW_TIMEOUT = 5.0
 CANCEL_SLOT = 0.5
 #: How long, after ``ray.kill``, the warden is asked whether the process is gone.
 KILL_CONFIRM = 3.0
+#: How long one question to the warden may go unanswered before it counts as unreachable.
+KILL_ANSWER = 5.0
 #: Between two questions to the warden, in seconds.
 KILL_POLL = 0.02
 
@@ -240,7 +242,8 @@ class HostPool:
         """Kill ``host`` (no restart); True once its node's warden saw the process gone.
 
         False: the warden saw it still running for ``KILL_CONFIRM`` seconds;
-        None: nobody could tell (the warden, or its node, is unreachable).
+        None: nobody could tell (the warden, or its node, did not answer a
+        question within ``KILL_ANSWER`` seconds).
         Concurrent calls share the one kill and its answer.
         """
         if host.killed is None:
@@ -260,17 +263,18 @@ class HostPool:
             return None
         deadline = time.monotonic() + KILL_CONFIRM
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
+            # Each question has its own bound: a slow answer (a loaded node)
+            # is still an answer, and only none at all means unreachable.
             try:
                 gone = await asyncio.wait_for(
-                    warden.gone.remote(identity.pid, identity.start_ticks), remaining
+                    warden.gone.remote(identity.pid, identity.start_ticks), KILL_ANSWER
                 )
             except (RayError, TimeoutError):
                 return None  # The warden (and likely its node) is unreachable: unconfirmed.
             if gone:
                 return True
+            if time.monotonic() >= deadline:
+                return False  # Seen running after the kill, for the whole window.
             await asyncio.sleep(KILL_POLL)
 
     # -- keeping the pool ----------------------------------------------------------------

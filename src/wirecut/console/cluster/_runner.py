@@ -54,7 +54,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from wirecut.console.cluster._host import HostConfig
-from wirecut.console.cluster._pool import KILL_CONFIRM, Host, HostPool
+from wirecut.console.cluster._pool import KILL_ANSWER, KILL_CONFIRM, Host, HostPool
 from wirecut.console.cluster._remote import Outcome, RemoteJob, remote_facts
 from wirecut.console.cluster._split import RemoteBounds, SplitCommands, SplitPlacement
 from wirecut.console.commands import CommandSet, Services, Session, builtin_commands
@@ -325,7 +325,7 @@ class ClusterRunner(RunnerCore):
         local = RunnerLimits(
             workers=limits.workers,
             command_timeout=limits.command_timeout,
-            unwind_timeout=limits.unwind_timeout + rpc_grace + KILL_CONFIRM + 1.0,
+            unwind_timeout=limits.unwind_timeout + rpc_grace + KILL_CONFIRM + KILL_ANSWER + 1.0,
             escalate_after=limits.escalate_after,
         )
         self.threads = ThreadPlacement(local_services, self.commands, local, self)
