@@ -66,6 +66,10 @@ def _checks(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 # -- a fake provider ------------------------------------------------------------------
 
 
+#: How long a "stuck-late" fake takes to give a non-streaming request its slot.
+LATE_START = 0.5
+
+
 class FakeProvider:
     """A tiny OpenAI-compatible provider on loopback, dressed as ``kind``.
 
@@ -73,7 +77,9 @@ class FakeProvider:
     "ollama" (``/api/version``, ``/api/ps`` whose ``expires_at`` moves when
     the last request ends), "plain" (nothing but the chat endpoint), or
     "stuck" (llama.cpp-like ``/slots``; a request keeps its slot after its
-    client left, until the test sets ``let_go``), "llama" (the same ``/slots``,
+    client left, until the test sets ``let_go``), "stuck-late" (the same, and
+    a non-streaming request takes its slot ``LATE_START`` after it came, as a
+    provider that starts work whose client left meanwhile), "llama" (the same ``/slots``,
     released when the client leaves), or "web" (not an LLM API: an HTML page
     for every GET, 501 for every POST). Replies stream a chunk every 20 ms
     until the client leaves. ``slot_reads`` holds the time of each ``/slots``
@@ -98,7 +104,7 @@ class FakeProvider:
             routes.append(Route("/metrics", self.metrics))
         if kind == "ollama":
             routes += [Route("/api/version", self.version), Route("/api/ps", self.ps)]
-        if kind in ("stuck", "llama"):
+        if kind in ("stuck", "stuck-late", "llama"):
             routes.append(Route("/slots", self.slots))
         self.app = Starlette(routes=routes)
 
@@ -123,8 +129,10 @@ class FakeProvider:
 
     async def chat(self, request: Request) -> Response:
         body = await request.json()
+        if self.kind == "stuck-late" and not body.get("stream"):
+            await asyncio.sleep(LATE_START)
         self._begin()
-        stuck = self.kind == "stuck"
+        stuck = self.kind in ("stuck", "stuck-late")
         if stuck:
             # The "slot" is let go on its own clock, whatever the client does.
             self._pending.add(asyncio.get_running_loop().create_task(self._finish_later()))
@@ -337,7 +345,11 @@ def test_doctor_reads_ollama_ps(fake: tuple[FakeProvider, str]) -> None:
     assert all(c["released"] is True for c in checks.values())
 
 
-@pytest.mark.parametrize("fake", ["stuck"], indirect=True)
+# "stuck-late": the stream check leaves its request running, and the
+# non-stream request shows up on the provider only after a while. A baseline
+# taken before the first check saw the stuck stream as the new request
+# running, then the late one as another task: "released", a false verdict.
+@pytest.mark.parametrize("fake", ["stuck", "stuck-late"], indirect=True)
 def test_doctor_says_not_released_when_the_provider_keeps_running(
     fake: tuple[FakeProvider, str],
 ) -> None:

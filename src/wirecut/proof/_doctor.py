@@ -31,6 +31,7 @@ stops with one line saying it is not one (``DoctorError``).
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import random
 import threading
@@ -208,15 +209,22 @@ def run_doctor(
             log=log,
         )
         report = DoctorReport(watcher.kind, base_url, model)
+        checks: list[Callable[[], Check]] = []
+        if CheckMode.STREAM in modes:
+            checks.append(doctor.stream)
+        if CheckMode.NON_STREAM in modes:
+            checks.append(doctor.non_stream)
+        if CheckMode.QUEUED in modes and watcher.slots:
+            checks.append(functools.partial(doctor.queued, watcher.slots))
+        if CheckMode.PREFILL in modes:
+            checks.append(doctor.prefill)
         try:
-            if CheckMode.STREAM in modes:
-                report.checks.append(doctor.stream())
-            if CheckMode.NON_STREAM in modes:
-                report.checks.append(doctor.non_stream())
-            if CheckMode.QUEUED in modes and watcher.slots:
-                report.checks.append(doctor.queued(watcher.slots))
-            if CheckMode.PREFILL in modes:
-                report.checks.append(doctor.prefill())
+            for run_check in checks:
+                check = run_check()
+                report.checks.append(check)
+                if check.released is not True:
+                    # What it left running is no baseline for the next check.
+                    doctor.idle = None
         except (httpx.HTTPError, ValueError) as exc:
             # /slots, /metrics or /api/ps stopped answering (or answered nonsense).
             raise DoctorError(f"lost the provider at {base_url} while watching it: {exc}") from None
@@ -329,6 +337,11 @@ class _Doctor:
         return _Running(scope, future, first)
 
     def _idle(self) -> Sample:
+        """What runs on the provider when no request of this check does.
+
+        Read once, and again after a check whose request the provider did
+        not visibly let go (``run_doctor`` forgets it then).
+        """
         if self.idle is None:
             self.idle = self.poller.sample()
         return self.idle

@@ -179,6 +179,13 @@ class LlamaWatcher(Watcher):
             counter=counter,
         )
 
+    def busy(self, sample: Sample, idle: Sample) -> bool | None:
+        # A task that was not running at ``idle``: a slot still held by an
+        # earlier request (one its provider kept after the cut) is not ours.
+        if self.use_slots and sample.tasks - idle.tasks:
+            return True
+        return super().busy(sample, idle)
+
     def released(self, sample: Sample, busy: Sample, idle: Sample, previous: Sample) -> bool | None:
         if self.use_slots and busy.tasks:
             # Released when none of the tasks that ran at the busy reading still runs.
