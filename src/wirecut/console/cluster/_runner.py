@@ -149,13 +149,15 @@ class HostPlacement:
         assert isinstance(command, RemoteCommand)
         self._live.add(command)  # Placed on a host by its driver (``settle``).
 
-    def cancel(self, command: Command, reason: Reason) -> bool:
+    def cut(self, command: Command, reason: Reason) -> None:
         """Never blocks: the host's cancel is one control call, batched with the others."""
         assert isinstance(command, RemoteCommand)
-        if command.job is None:
-            return True  # Not sent to any host yet: it never will be.
-        command.job.cancel(reason)
-        return False
+        if command.job is not None:
+            command.job.cancel(reason)
+
+    def cancel(self, command: Command, reason: Reason) -> bool:
+        assert isinstance(command, RemoteCommand)
+        return command.job is None  # Not sent to any host yet: it never will be.
 
     def confirm(self, command: Command) -> bool:
         assert isinstance(command, RemoteCommand)

@@ -291,6 +291,9 @@ class SplitPlacement:
     def launch(self, command: Command) -> None:
         self._threads.launch(command)
 
+    def cut(self, command: Command, reason: Reason) -> None:
+        self._threads.cut(command, reason)
+
     def cancel(self, command: Command, reason: Reason) -> bool:
         return self._threads.cancel(command, reason)
 

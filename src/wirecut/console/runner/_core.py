@@ -146,8 +146,15 @@ class Placement(Protocol):
     def launch(self, command: Command) -> None:
         """Start (or queue) the work of ``command``."""
 
+    def cut(self, command: Command, reason: Reason) -> None:
+        """Cut the work's wires now (sockets, processes, a control message); nothing else.
+
+        The first half of a cancel, and the only one on the hot path: a burst
+        runs it for every command before any ``cancel``. Never blocks.
+        """
+
     def cancel(self, command: Command, reason: Reason) -> bool:
-        """Cut the work now, never blocking; True if it never ran and never will."""
+        """The rest of a cut command's cancel, never blocking; True if it never ran nor will."""
 
     def confirm(self, command: Command) -> bool:
         """Pass on the client's confirmation; False if the work is not asking."""
@@ -265,30 +272,46 @@ class RunnerCore:
         signals or one control message, and the wait for the work happens in
         the command's driver task.
         """
-        if command.reason is not None or command.state is CommandState.DONE:
-            return False
         why = Reason(reason)
-        command.reason = why
-        command.cancelled_at = time.monotonic()
-        command.lifecycle.fire(CommandEvent.CANCEL)
-        assert command.placement is not None  # a rejected line is DONE already
-        if command.placement.cancel(command, why):
-            command.lifecycle.fire(CommandEvent.DROP)
-        command.wake.set()
+        if not self._cut(command, why):
+            return False
+        self._after_cut(command, why)
         return True
 
     def cancel_all(self, commands: Iterable[Command], reason: str) -> int:
         """Cancel each of ``commands`` with ``reason`` in one pass; how many this cancelled.
 
-        The cuts come first and together: a thread that a cut wakes would take
-        the GIL as soon as the canceller let it go, and a burst of 64 cuts was
-        paced by the woken workers' unwinding (30-45 ms). So the pass runs
-        with a long thread switch interval, which keeps the GIL with the
-        canceller until every command is cut (each cut is a few microseconds
-        and never blocks); the woken workers unwind after it.
+        Every cut comes first, then the bookkeeping of each (its lifecycle,
+        its escalation timer, a queued one dropped, its driver woken): the
+        last command's provider sees its close after 64 cuts, not after 64
+        whole cancels. And the cuts run with a long thread switch interval,
+        which keeps the GIL with the canceller until every command is cut
+        (each cut is a few microseconds and never blocks): a thread that a
+        cut wakes would take the GIL as soon as the canceller let it go, and
+        a burst of 64 cuts was paced by the woken workers' unwinding.
         """
+        why = Reason(reason)
         with _uninterrupted():
-            return sum(self.cancel(command, reason) for command in list(commands))
+            cut = [command for command in list(commands) if self._cut(command, why)]
+        for command in cut:
+            self._after_cut(command, why)
+        return len(cut)
+
+    def _cut(self, command: Command, why: Reason) -> bool:
+        if command.reason is not None or command.state is CommandState.DONE:
+            return False
+        command.reason = why
+        command.cancelled_at = time.monotonic()
+        assert command.placement is not None  # a rejected line is DONE already
+        command.placement.cut(command, why)
+        return True
+
+    def _after_cut(self, command: Command, why: Reason) -> None:
+        command.lifecycle.fire(CommandEvent.CANCEL)
+        assert command.placement is not None
+        if command.placement.cancel(command, why):
+            command.lifecycle.fire(CommandEvent.DROP)
+        command.wake.set()
 
     def confirm(self, command: Command) -> bool:
         """The client confirmed; False if the command is not waiting for a confirmation."""

@@ -136,9 +136,14 @@ class ThreadPlacement:
         command.future = self.pool.submit(self._work, command)
         command.future.add_done_callback(lambda _: self._worker_done(command))
 
+    def cut(self, command: Command, reason: Reason) -> None:
+        assert isinstance(command, LocalCommand)
+        command.scope.cancel(reason)
+
     def cancel(self, command: Command, reason: Reason) -> bool:
         assert isinstance(command, LocalCommand)
         assert command.future is not None
+        # Cut already: this call only schedules the escalation.
         command.scope.cancel(reason, escalate_after=self.limits.escalation)
         return command.future.cancel()
 
