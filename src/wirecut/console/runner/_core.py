@@ -273,9 +273,12 @@ class RunnerCore:
         the command's driver task.
         """
         why = Reason(reason)
-        if not self._cut(command, why):
+        if not self._claim(command, why):
             return False
-        self._after_cut(command, why)
+        try:
+            _placement(command).cut(command, why)
+        finally:
+            self._after_cut(command, why)
         return True
 
     def cancel_all(self, commands: Iterable[Command], reason: str) -> int:
@@ -291,25 +294,30 @@ class RunnerCore:
         a burst of 64 cuts was paced by the woken workers' unwinding.
         """
         why = Reason(reason)
-        with _uninterrupted():
-            cut = [command for command in list(commands) if self._cut(command, why)]
-        for command in cut:
-            self._after_cut(command, why)
-        return len(cut)
+        claimed: list[Command] = []
+        try:
+            with _uninterrupted():
+                for command in list(commands):
+                    if self._claim(command, why):
+                        claimed.append(command)
+                        _placement(command).cut(command, why)
+        finally:
+            # Even if a cut raised: every claimed command gets its driver woken.
+            for command in claimed:
+                self._after_cut(command, why)
+        return len(claimed)
 
-    def _cut(self, command: Command, why: Reason) -> bool:
+    def _claim(self, command: Command, why: Reason) -> bool:
+        """Take ``command`` for this cancel; False if cancelled or decided already."""
         if command.reason is not None or command.state is CommandState.DONE:
             return False
         command.reason = why
         command.cancelled_at = time.monotonic()
-        assert command.placement is not None  # a rejected line is DONE already
-        command.placement.cut(command, why)
         return True
 
     def _after_cut(self, command: Command, why: Reason) -> None:
         command.lifecycle.fire(CommandEvent.CANCEL)
-        assert command.placement is not None
-        if command.placement.cancel(command, why):
+        if _placement(command).cancel(command, why):
             command.lifecycle.fire(CommandEvent.DROP)
         command.wake.set()
 
@@ -466,6 +474,11 @@ def _uninterrupted() -> Iterator[None]:
         yield
     finally:
         sys.setswitchinterval(before)
+
+
+def _placement(command: Command) -> Placement:
+    assert command.placement is not None  # a rejected line is DONE already
+    return command.placement
 
 
 def _ms(command: Command) -> float:
