@@ -1,19 +1,27 @@
 """A cut during llama.cpp's prompt processing: how long the slot stays busy, per batch size.
 
 Run: ``python bench/bench_prefill.py [--model gemma|smollm2|PATH.gguf] [--rounds 2]
-[--cuts 3] [--prompt-tokens 3300] [--rows 2048/512,1024/512,...]``.
+[--cuts 3] [--prompt-tokens 3300] [--rows 2048/512,1024/512,256/256@1,...]
+[--burners 1]``.
 Needs the extra ``local``. Prints a Markdown table and asserts nothing.
 
 llama.cpp acts on a cancelled task only between batches of ``n_batch`` prompt
 tokens (docs/cancellation-limits.md), so a cut during the prompt phase keeps
 the slot until the batch under way is done. Each row is the embedded server
-(``wirecut.local.LocalServer``, two slots, two threads) started with one
-``n_batch``/``n_ubatch``; every row's server is up for the whole run, and the
+(``wirecut.local.LocalServer``, two slots) started with one
+``n_batch``/``n_ubatch`` and, after ``@``, a number of llama.cpp threads
+(default: ``LocalServer``'s); every row's server is up for the whole run, and the
 rounds go row by row, one server busy at a time, so that the rows share the
 machine's load alike (read the ratios, not the last digit).
 
+``--burners N`` keeps N processes spinning on a core each for the whole run:
+the other work of a machine (the console itself, a build, a browser), which
+llama.cpp's threads share the cores with.
+
 Per row and round:
 
+- decode throughput: a short prompt answered with 64 tokens; llama.cpp's own
+  ``timings.predicted_per_second``.
 - prompt throughput: a fresh prompt of ``--prompt-tokens`` tokens (a new
   random text each time, so no slot's cache holds a prefix of it), answered
   with one token; llama.cpp's own ``timings.prompt_per_second``.
@@ -35,6 +43,7 @@ and prompt throughput within 10 % of the default row's.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import random
 import statistics
 import sys
@@ -62,14 +71,41 @@ WORDS = (
 class Row:
     batch: int
     ubatch: int
+    threads: int | None = None
     server: LocalServer | None = None
+    decode: list[float] = field(default_factory=list)
     throughput: list[float] = field(default_factory=list)
     idle_s: list[float] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     @property
     def label(self) -> str:
-        return f"{self.batch}/{self.ubatch}"
+        threads = self.server.threads if self.server is not None else self.threads
+        if threads is None:
+            return f"{self.batch}/{self.ubatch}, default threads"
+        return f"{self.batch}/{self.ubatch}, {threads} thread{'s' if threads != 1 else ''}"
+
+    @classmethod
+    def parse(cls, item: str) -> Row:
+        sizes, _, threads = item.partition("@")
+        batch, ubatch = map(int, sizes.split("/"))
+        return cls(batch, ubatch, int(threads) if threads else None)
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def _decode(row: Row, http: httpx.Client) -> None:
+    assert row.server is not None
+    body = {
+        "messages": [{"role": "user", "content": "Tell a long story about a lighthouse."}],
+        "max_tokens": 64,
+        "temperature": 1.0,
+    }
+    answer = http.post(row.server.base_url + "/chat/completions", json=body).json()
+    row.decode.append(float(answer["timings"]["predicted_per_second"]))
 
 
 def _prompt(http: httpx.Client, root: str, tokens: int, rng: random.Random) -> str:
@@ -143,25 +179,34 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cuts", type=int, default=3, help="cuts per row and round")
     parser.add_argument("--prompt-tokens", type=int, default=3300)
-    parser.add_argument("--rows", default=DEFAULT_ROWS, help="n_batch/n_ubatch, comma-separated")
+    parser.add_argument(
+        "--rows", default=DEFAULT_ROWS, help="n_batch/n_ubatch[@threads], comma-separated"
+    )
+    parser.add_argument("--burners", type=int, default=0, help="busy processes beside the server")
     args = parser.parse_args()
     if not is_available():
         sys.exit("bench_prefill: needs the extra `local` (pip install 'wirecut[local]')")
 
-    rows = [Row(*map(int, item.split("/"))) for item in args.rows.split(",")]
+    rows = [Row.parse(item) for item in args.rows.split(",")]
     rng = random.Random()
+    burners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.burners)]
     with ExitStack() as stack:
+        for burner in burners:
+            burner.start()
+            stack.callback(burner.kill)
         http = stack.enter_context(httpx.Client(timeout=300))
         for row in rows:
             print(f"starting n_batch/n_ubatch {row.label} ...", file=sys.stderr, flush=True)
+            threads = {} if row.threads is None else {"threads": row.threads}
             row.server = stack.enter_context(
-                LocalServer(args.model, batch_size=row.batch, ubatch_size=row.ubatch)
+                LocalServer(args.model, batch_size=row.batch, ubatch_size=row.ubatch, **threads)
             )
             warm = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
             http.post(row.server.base_url + "/chat/completions", json=warm)
         for round_ in range(args.rounds):
             for row in rows:
                 print(f"round {round_ + 1}: {row.label}", file=sys.stderr, flush=True)
+                _decode(row, http)
                 _throughput(row, http, args.prompt_tokens, rng)
                 for k in range(args.cuts):
                     _cut(row, http, args.prompt_tokens, 1.0 + 0.3 * k, rng)
@@ -170,13 +215,14 @@ def main() -> None:
     print(
         f"\nmodel {rows[0].server.model if rows[0].server else args.model}, "
         f"prompt {args.prompt_tokens} tokens, "
-        f"{args.rounds} rounds x {args.cuts} cuts per row\n"
+        f"{args.rounds} rounds x {args.cuts} cuts per row, "
+        f"{args.burners} busy process{'es' if args.burners != 1 else ''} beside it\n"
     )
     print(
-        "| n_batch / n_ubatch | prompt tok/s | vs first row | one batch | "
-        "cut -> idle p50 | max | cuts | verdict |"
+        "| n_batch / n_ubatch, threads | decode tok/s | prompt tok/s | vs first row | "
+        "one batch | cut -> idle p50 | max | cuts | verdict |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         rate = statistics.median(row.throughput)
         idle_max = max(row.idle_s) if row.idle_s else None
@@ -187,7 +233,8 @@ def main() -> None:
             and not row.problems
         )
         print(
-            f"| {row.label} | {rate:.0f} | {rate / default:.0%} | {_fmt(row.batch / rate)} | "
+            f"| {row.label} | {statistics.median(row.decode):.1f} | {rate:.0f} | "
+            f"{rate / default:.0%} | {_fmt(row.batch / rate)} | "
             f"{_fmt(statistics.median(row.idle_s) if row.idle_s else None)} | {_fmt(idle_max)} | "
             f"{len(row.idle_s)} | {'meets the target' if ok else 'no'} |"
         )

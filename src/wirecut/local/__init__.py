@@ -36,7 +36,7 @@ from wirecut.local._model import (
     parse_model_spec,
     resolve_model,
 )
-from wirecut.local._server import LocalServer, ServerState
+from wirecut.local._server import LocalServer, ServerState, default_threads
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -55,6 +55,7 @@ __all__ = [
     "ModelFetchError",
     "ServerState",
     "WheelModel",
+    "default_threads",
     "ensure_gemma",
     "fetch_wheel_model",
     "is_available",

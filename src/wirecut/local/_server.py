@@ -3,8 +3,9 @@
 The console uses it as its default provider; ``wirecut local`` runs it alone.
 The server child (``wirecut.local._child``) loads xllamacpp's in-process
 ``Server`` in its own Python process, in its own process group, listening on
-loopback with two slots, ``/slots`` and ``/metrics`` on, two threads, and the
-model's chat template (docs/local-model.md).
+loopback with two slots, ``/slots`` and ``/metrics`` on, half the CPUs as
+llama.cpp threads (``default_threads()``), and the model's chat template
+(docs/local-model.md).
 
 Who may call what: ``start()``, ``stop()`` and ``wait()`` from any thread;
 ``stop()`` is idempotent and also runs at interpreter exit. The child never
@@ -48,7 +49,7 @@ from wirecut.local._model import (
 )
 from wirecut.scope import kill_process_group, unwatch_group, watch_group
 
-__all__ = ["LocalServer", "ServerState"]
+__all__ = ["LocalServer", "ServerState", "default_threads"]
 
 #: llama.cpp's n_batch and n_ubatch for the embedded server (llama.cpp's own
 #: defaults: 2048 and 512). llama.cpp acts on a cancelled task only between
@@ -58,6 +59,23 @@ __all__ = ["LocalServer", "ServerState"]
 #: (bench/bench_prefill.py).
 BATCH_SIZE = 256
 UBATCH_SIZE = 256
+#: The most llama.cpp threads the embedded server uses by default.
+MAX_THREADS = 4
+
+
+def default_threads() -> int:
+    """llama.cpp threads for the embedded server: half the CPUs this process may use, 1 to 4.
+
+    llama.cpp's threads meet at a barrier after every step of a batch, so one
+    thread whose core another process takes stalls all of them: on 2 cores,
+    beside one busy process (the console itself under load is one), 2 threads
+    decoded 0.5 tokens/s against 47 with 1 thread (75 and 62 idle). Leaving
+    half the CPUs free keeps the decode rate when the machine is busy; the
+    small default model gains little past 4. Table: docs/cancellation-limits.md
+    (bench/bench_prefill.py with ``--burners``).
+    """
+    return max(1, min(MAX_THREADS, len(os.sched_getaffinity(0)) // 2))
+
 
 _STDERR_TAIL_LINES = 30
 _HEALTH_POLL_S = 0.05
@@ -85,7 +103,8 @@ class LocalServer:
     first (``resolve_model``: a fetch into ``cache_dir`` on first use, or the
     fallback to Gemma; ``echo`` gets those lines). ``port=0`` picks a free
     port. ``ctx_size`` is the context shared by the ``n_parallel`` slots (each
-    gets ``ctx_size // n_parallel`` tokens). ``batch_size`` and
+    gets ``ctx_size // n_parallel`` tokens). ``threads`` is llama.cpp's
+    (default ``default_threads()``: half the CPUs, 1 to 4). ``batch_size`` and
     ``ubatch_size`` are llama.cpp's ``n_batch`` and ``n_ubatch`` (default
     ``BATCH_SIZE``, ``UBATCH_SIZE``): the prompt tokens between two looks at a
     cancelled request. ``start()`` then blocks until ``/health`` answers or
@@ -105,7 +124,7 @@ class LocalServer:
         echo: Callable[[str], None] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
-        threads: int = 2,
+        threads: int | None = None,
         n_parallel: int = 2,
         ctx_size: int = 8192,
         batch_size: int | None = None,
@@ -115,6 +134,7 @@ class LocalServer:
     ) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be in 0..65535, not {port}")
+        threads = default_threads() if threads is None else threads
         for name, value in (("threads", threads), ("n_parallel", n_parallel)):
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, not {value}")
