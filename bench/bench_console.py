@@ -14,9 +14,15 @@ in one burst, and measures:
   simulator saw;
 - workers leaked (``/api/health`` after each burst).
 
-A last row, "64, one cancel-all", sends a single ``cancel`` frame without an
-id for the 64 commands (the console cuts them all in one pass) and measures
-the same from that one frame.
+A row "64, one cancel-all" sends a single ``cancel`` frame without an id for
+the 64 commands (the console cuts them all in one pass) and measures the same
+from that one frame.
+
+A last row, "64, library alone", is the floor on this machine: no console,
+no agent, no WebSocket. In this process, 64 ``ChatClient`` streams from the
+same simulator, each on a thread of its own ``InterruptScope``, are cancelled
+by one loop of ``scope.cancel()`` under a long thread switch interval (as the
+console cuts a burst); "complete" there is the worker thread having returned.
 
 Three processes, as in a deployment: the simulator (``wirecut provider``),
 the console (``wirecut serve``) and this client. The simulator is itself a
@@ -34,6 +40,7 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -44,6 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from _console import ConsoleClient
 from _procs import Process, percentile
+from wirecut.provider import ChatClient
+from wirecut.scope import InterruptScope
 
 CONCURRENCY = (1, 16, 64)
 
@@ -95,22 +104,86 @@ def burst(
     }
 
 
+def library_burst(sim_url: str, sim_root: str, n: int) -> dict[str, Any]:
+    """The same burst without the console: ``ChatClient`` on scope threads, cut by ``cancel()``."""
+    since = next_seq(sim_root)
+    streaming = [threading.Event() for _ in range(n)]
+    returned = [0.0] * n
+    clients = [ChatClient(sim_url, model="sim", max_retries=0) for _ in range(n)]
+    scopes = [InterruptScope(f"library-{k}") for k in range(n)]
+
+    def work(k: int) -> None:
+        try:
+            messages = [{"role": "user", "content": "tell me everything"}]
+            clients[k].chat(messages, on_token=lambda _: streaming[k].set())
+        finally:
+            returned[k] = time.monotonic()
+
+    futures = [scope.spawn(work, k) for k, scope in enumerate(scopes)]
+    for event in streaming:
+        event.wait(30)
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.02)  # no woken worker takes the GIL before the last cut
+    try:
+        sent = time.monotonic()
+        for scope in scopes:
+            scope.cancel("bench")
+    finally:
+        sys.setswitchinterval(before)
+    exited = 0
+    for future, scope in zip(futures, scopes, strict=True):
+        future.exception(60)
+        exited += scope.wait_quiescent(10)
+    for client in clients:
+        client.close()
+    closes = sim_closes(sim_root, since, n)
+    return {
+        "to_complete": [(at - sent) * 1000 for at in returned],
+        "to_close": [(close - sent) * 1000 for close in closes],
+        "never": n - len(closes),
+        "exited": exited,
+        "leaked": n - exited,
+    }
+
+
+def _sim(n: int) -> Process:
+    return Process(
+        "provider",
+        "--port",
+        "0",
+        "--slots",
+        str(n),
+        "--endless",
+        "--tokens-per-second",
+        "50",
+        "--prompt-ms",
+        "5",
+    )
+
+
+def _row(label: str, trials: int, results: list[dict[str, Any]]) -> dict[str, Any]:
+    to_complete = [ms for result in results for ms in result["to_complete"]]
+    to_close = [ms for result in results for ms in result["to_close"]]
+    return {
+        "concurrency": label,
+        "trials": trials,
+        "complete_p50": statistics.median(to_complete),
+        "complete_p99": percentile(to_complete, 99),
+        "close_p50": statistics.median(to_close),
+        "close_p99": percentile(to_close, 99),
+        "never": sum(result["never"] for result in results),
+        "worker_exited": sum(result["exited"] for result in results),
+        "leaked": max(result["leaked"] for result in results),
+    }
+
+
 def run(samples: int) -> list[dict[str, Any]]:
     rows = []
     for n, at_once in [*((n, False) for n in CONCURRENCY), (CONCURRENCY[-1], True)]:
-        sim = Process(
-            "provider",
-            "--port",
-            "0",
-            "--slots",
-            str(n),
-            "--endless",
-            "--tokens-per-second",
-            "50",
-            "--prompt-ms",
-            "5",
-        )
+        rounds = max(3, samples // n)
+        sim = _sim(n)
         sim_root = sim.url.removesuffix("/v1")
+        results = []
         with tempfile.TemporaryDirectory() as tmp:
             console = Process(
                 "serve",
@@ -128,33 +201,23 @@ def run(samples: int) -> list[dict[str, Any]]:
             )
             try:
                 with ConsoleClient(ws_url) as client:
-                    to_complete: list[float] = []
-                    to_close: list[float] = []
-                    exited = leaked = never = trials = 0
-                    for rnd in range(max(3, samples // n)):
-                        result = burst(console.url, sim_root, client, n, rnd, at_once)
-                        to_complete += result["to_complete"]
-                        to_close += result["to_close"]
-                        never += result["never"]
-                        exited += result["exited"]
-                        leaked = max(leaked, result["leaked"])
-                        trials += n
+                    for rnd in range(rounds):
+                        results.append(burst(console.url, sim_root, client, n, rnd, at_once))
             finally:
                 console.stop()
                 sim.stop()
-        rows.append(
-            {
-                "concurrency": f"{n}, one cancel-all" if at_once else str(n),
-                "trials": trials,
-                "complete_p50": statistics.median(to_complete),
-                "complete_p99": percentile(to_complete, 99),
-                "close_p50": statistics.median(to_close),
-                "close_p99": percentile(to_close, 99),
-                "never": never,
-                "worker_exited": exited,
-                "leaked": leaked,
-            }
-        )
+        label = f"{n}, one cancel-all" if at_once else str(n)
+        rows.append(_row(label, n * rounds, results))
+    n = CONCURRENCY[-1]
+    sim = _sim(n)
+    try:
+        results = [
+            library_burst(sim.url, sim.url.removesuffix("/v1"), n)
+            for _ in range(max(3, samples // n))
+        ]
+    finally:
+        sim.stop()
+    rows.append(_row(f"{n}, library alone", n * len(results), results))
     return rows
 
 
