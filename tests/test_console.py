@@ -21,7 +21,15 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from _console import Console, ConsoleClient, health, running_console, start_serve, wait_health
+from _console import (
+    Console,
+    ConsoleClient,
+    gate_command,
+    health,
+    running_console,
+    start_serve,
+    wait_health,
+)
 from wirecut.console.commands import CommandContext, builtin_commands, command
 from wirecut.console.runner import route_stdio
 from wirecut.memory import NoteStore
@@ -242,6 +250,43 @@ def test_cancel_racing_run_gives_each_id_exactly_one_complete(
         assert kinds[0] == "accepted", frames
     # The ones left alone that would run forever were cancelled by nobody: cancel them now.
     client.cancel()
+
+
+def test_a_cut_that_fails_in_a_cancel_all_still_cancels_every_other_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wirecut.console.runner._runner import ThreadPlacement
+
+    real_cut = ThreadPlacement.cut
+
+    def cut(self: ThreadPlacement, command: Any, reason: Any) -> None:
+        if command.id == "g2":
+            raise RuntimeError("this placement cannot cut")
+        real_cut(self, command, reason)
+
+    monkeypatch.setattr(ThreadPlacement, "cut", cut)
+    opened = threading.Event()  # never opened while it matters: only a cancel ends a gate
+    commands = builtin_commands().plus(gate_command(opened))
+    try:
+        with running_console(tmp_path, commands=commands) as running, running.client() as c:
+            ids = [c.run("test-gate", id=f"g{k}") for k in (1, 2, 3)]
+            for id in ids:
+                c.wait_for(lambda f, id=id: f["type"] == "started" and f["id"] == id)
+            c.cancel()
+            error = c.wait_for(lambda f: f["type"] == "error")
+            completes = {id: c.complete(id) for id in ids}
+            after = c.complete(c.run("sleep 0"))
+    finally:
+        opened.set()
+    assert error["id"] is None
+    assert "failed to handle" in error["message"]
+    # g3 comes after the failing cut in the pass, and is cancelled all the same;
+    # g2 by its cancel's second half (the escalation's cancel of its scope).
+    assert {id: (f["status"], f["reason"]) for id, f in completes.items()} == {
+        id: ("cancelled", "user") for id in ids
+    }
+    assert all(f["lifecycle"]["worker_exited"] for f in completes.values())
+    assert after["status"] == "ok"  # the connection and the server go on
 
 
 def test_a_worker_that_ignores_the_cut_is_reported_leaked_and_replaced(tmp_path: Path) -> None:

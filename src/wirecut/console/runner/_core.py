@@ -295,16 +295,24 @@ class RunnerCore:
         """
         why = Reason(reason)
         claimed: list[Command] = []
+        failed: BaseException | None = None
         try:
             with _uninterrupted():
                 for command in list(commands):
                     if self._claim(command, why):
                         claimed.append(command)
-                        _placement(command).cut(command, why)
+                        try:
+                            _placement(command).cut(command, why)
+                        except Exception as exc:
+                            # One placement's failure (a host gone) cancels
+                            # the rest all the same; the first one is raised.
+                            failed = failed or exc
         finally:
             # Even if a cut raised: every claimed command gets its driver woken.
             for command in claimed:
                 self._after_cut(command, why)
+        if failed is not None:
+            raise failed
         return len(claimed)
 
     def _claim(self, command: Command, why: Reason) -> bool:
