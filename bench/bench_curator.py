@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stores", type=int, default=20)
     parser.add_argument("--model", default="smollm2", help="smollm2, gemma or PATH.gguf")
     parser.add_argument("--max-tokens", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None, help="llama.cpp threads")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     from wirecut.memory import PLAN_MAX_TOKENS
@@ -141,7 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     max_tokens = args.max_tokens or PLAN_MAX_TOKENS
     load_before = os.getloadavg()
     trials: list[Trial] = []
-    with LocalServer(args.model, echo=lambda line: print(line, file=sys.stderr)) as server:
+    echo = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    with LocalServer(args.model, echo=echo, threads=args.threads) as server:
         with ChatClient(server.base_url, model=server.model) as client:
             for seed in range(args.stores):
                 trial = one_trial(client, seed, max_tokens)
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
                         f"pairs: {verdict}\n  {' '.join(trial.text.split())}",
                         file=sys.stderr,
                     )
-        model = server.model
+        model, threads = server.model, server.threads
     load_after = os.getloadavg()
 
     seconds = [t.seconds for t in trials]
@@ -178,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(
         f"\nload average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f}; "
-        f"max_tokens {max_tokens}"
+        f"max_tokens {max_tokens}; llama.cpp threads {threads}"
     )
 
 

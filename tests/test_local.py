@@ -301,6 +301,8 @@ def test_cli_serves_until_sigterm_then_exits_0_and_reaps_llama_cpp(data_dir: Pat
         stderr = proc.stderr.read().decode()
         assert "SmolLM2-135M-Instruct is a tiny instruction-tuned model" in stderr
         assert "base" not in stderr
+        threads = default_threads()
+        assert f"wirecut local: {threads} llama.cpp thread{'s' if threads > 1 else ''}\n" in stderr
     assert not _alive(servers[0])  # Reaped by `local` itself before it exited.
     # The reaper ends once `local` has exited (its pipe closes): poll for it.
     deadline = time.monotonic() + 10

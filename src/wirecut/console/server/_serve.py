@@ -170,7 +170,8 @@ def resolve_provider(
         return Provider(
             server.base_url,
             model or chosen.name,
-            f"embedded llama.cpp at {server.base_url} ({chosen.name}, {chosen.path})",
+            f"embedded llama.cpp at {server.base_url} ({chosen.name}, {chosen.path}, "
+            f"{server.threads} thread{'s' if server.threads != 1 else ''})",
             note=chosen.note,
             stop=server.stop,
         )
