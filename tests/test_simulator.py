@@ -407,6 +407,8 @@ def test_a_batched_prompt_that_is_not_cut_is_processed_whole_then_decoded(
     body = {"messages": [{"role": "user", "content": " ".join(["word"] * 1200)}]}
     reply = client.post(sim.base_url + "/chat/completions", json=body).json()
     assert reply["usage"]["prompt_tokens"] == 1200
+    # The reply leaves before the request's last events are logged: wait for them.
+    sim.wait_for(lambda ev: ev.kind == EventKind.SLOT_FREED, timeout=5)
     kinds = [ev.kind for ev in sim.events() if ev.kind != "token"]
     assert kinds == [
         "request_received",
