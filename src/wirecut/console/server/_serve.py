@@ -143,6 +143,7 @@ def resolve_provider(
     embedded: str = "auto",
     source: str | None = None,
     local_model: str = "smollm2",
+    local_threads: int | None = None,
     echo: Callable[[str], None] | None = None,
 ) -> Provider:
     """The provider at ``url``; with none, the embedded llama.cpp if installed, else the simulator.
@@ -151,7 +152,8 @@ def resolve_provider(
     ``source`` says where ``url`` came from (``--provider-url``,
     ``WIRECUT_PROVIDER_URL``, ``OPENAI_BASE_URL``) for the banner.
     ``local_model`` is the embedded llama.cpp's model ("smollm2", "gemma" or a
-    ``.gguf`` path; docs/local-model.md); ``echo`` gets its fetch's progress
+    ``.gguf`` path; docs/local-model.md), ``local_threads`` its llama.cpp
+    threads (None: ``default_threads()``); ``echo`` gets its fetch's progress
     line and the line saying it fell back to Gemma.
     """
     if url:
@@ -160,7 +162,7 @@ def resolve_provider(
     from wirecut.local import LocalError, LocalServer, is_available
 
     if embedded == "local" or (embedded == "auto" and is_available()):
-        server = LocalServer(local_model, echo=echo)
+        server = LocalServer(local_model, echo=echo, threads=local_threads)
         try:
             server.start()
         except LocalError as exc:
