@@ -17,6 +17,7 @@ from wirecut.console.runner import (
     CommandState,
     LifecycleError,
     OutputBuffer,
+    OutputFlusher,
     WorkerPool,
 )
 from wirecut.console.runner._core import _BURST_SWITCH_INTERVAL, _uninterrupted
@@ -197,6 +198,56 @@ def test_output_of_one_stream_is_coalesced_in_order() -> None:
         ("stderr", "warn"),
         ("token", "end"),
     ]
+
+
+def test_buffers_sharing_a_flusher_wake_the_loop_once_per_window_and_keep_their_order() -> None:
+    sent: dict[int, list[str]] = {k: [] for k in range(8)}
+    wakeups: list[object] = []
+
+    def write_all(buffers: list[OutputBuffer], tag: str) -> None:
+        # From worker threads, while the loop is blocked in this call: every
+        # write of the window happens before the loop could flush anything.
+        def worker(k: int) -> None:
+            for n in range(50):
+                buffers[k].write("token", f"{tag}{n} ")
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        real = loop.call_soon_threadsafe
+
+        def counted(*args: object, **kwargs: object) -> object:
+            wakeups.append(args[0])
+            return real(*args, **kwargs)  # type: ignore[arg-type]
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        flusher = OutputFlusher(loop, delay=0.001)
+        flushed = asyncio.Event()
+
+        def emit(k: int, data: str) -> None:
+            sent[k].append(data)
+            if all(sent.values()):
+                flushed.set()
+
+        buffers = [
+            OutputBuffer(loop, lambda s, d, k=k: emit(k, d), flusher=flusher) for k in range(8)
+        ]
+        write_all(buffers, "a")
+        assert len(wakeups) == 1  # one for 8 commands and 400 writes
+        await asyncio.wait_for(flushed.wait(), 5)  # by the flusher's own timer
+        write_all(buffers, "b")
+        assert len(wakeups) == 2
+        for buffer in buffers:
+            buffer.close()
+
+    asyncio.run(scenario())
+    for k in range(8):
+        assert "".join(sent[k]) == "".join(f"{t}{n} " for t in "ab" for n in range(50))
 
 
 # -- a burst of cuts -----------------------------------------------------------------------

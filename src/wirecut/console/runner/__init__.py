@@ -20,7 +20,7 @@ from wirecut.console.runner._lifecycle import (
     CommandState,
     LifecycleError,
 )
-from wirecut.console.runner._output import OutputBuffer, bind_output, route_stdio
+from wirecut.console.runner._output import OutputBuffer, OutputFlusher, bind_output, route_stdio
 from wirecut.console.runner._pool import WorkerPool
 from wirecut.console.runner._record import (
     CompleteFacts,
@@ -59,6 +59,7 @@ __all__ = [
     "LifecycleError",
     "LocalCommand",
     "OutputBuffer",
+    "OutputFlusher",
     "Placement",
     "Reason",
     "Reporter",

@@ -44,7 +44,7 @@ from wirecut.console.commands import (
 )
 from wirecut.console.runner._contract import CommandSink, RunnerObserver
 from wirecut.console.runner._lifecycle import CommandEvent, CommandLifecycle, CommandState
-from wirecut.console.runner._output import OutputBuffer
+from wirecut.console.runner._output import OutputBuffer, OutputFlusher
 from wirecut.console.runner._record import CompleteFacts, Lifecycle, Reason
 
 __all__ = [
@@ -183,6 +183,7 @@ class RunnerCore:
         self.limits = limits
         self.observer: RunnerObserver = observer or _NoObserver()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._flusher: OutputFlusher | None = None  # made by start(), on the loop
         # Commands whose complete was not sent yet.
         self._commands: set[Command] = set()
         self._drivers: set[asyncio.Task[None]] = set()
@@ -217,6 +218,7 @@ class RunnerCore:
     def start(self) -> None:
         """Bind to the running event loop (call from it, before the first submit)."""
         self._loop = asyncio.get_running_loop()
+        self._flusher = OutputFlusher(self._loop)
         self._start_placements(self._loop)
 
     def new_id(self) -> str:
@@ -389,6 +391,7 @@ class RunnerCore:
             self.loop,
             lambda stream, data: sink.output(command, stream, data),
             on_dropped=self.observer.output_dropped,
+            flusher=self._flusher,
         )
         self._commands.add(command)
         return command
