@@ -44,7 +44,7 @@ from wirecut.console.commands import (
 )
 from wirecut.console.runner._contract import CommandSink, RunnerObserver
 from wirecut.console.runner._lifecycle import CommandEvent, CommandLifecycle, CommandState
-from wirecut.console.runner._output import OutputBuffer, OutputFlusher
+from wirecut.console.runner._output import OutputBuffer, OutputFlusher, call_soon
 from wirecut.console.runner._record import CompleteFacts, Lifecycle, Reason
 
 __all__ = [
@@ -496,9 +496,3 @@ def _ms(command: Command) -> float:
     return round(command.elapsed_ms, 3)
 
 
-def call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
-    """``loop.call_soon_threadsafe`` from a worker, quietly nothing once the loop is closed."""
-    try:
-        loop.call_soon_threadsafe(fn, *args)
-    except RuntimeError:
-        pass  # The loop is closed: the server is gone.

@@ -33,12 +33,20 @@ from typing import Any, TextIO
 from wirecut.console.commands import Stream
 from wirecut.scope import InterruptScope, current_scope
 
-__all__ = ["OutputBuffer", "OutputFlusher", "bind_output", "route_stdio"]
+__all__ = ["OutputBuffer", "OutputFlusher", "bind_output", "call_soon", "route_stdio"]
 
 #: Characters one command may output before the rest is cut (one notice says so).
 OUTPUT_CAP = 1 << 20
 #: How long output accumulates before it is sent, in seconds.
 COALESCE_DELAY = 0.005
+
+
+def call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+    """``loop.call_soon_threadsafe`` from a worker, quietly nothing once the loop is closed."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        pass  # The loop is closed: the server is gone, and so is the client.
 
 
 class OutputFlusher:
@@ -61,10 +69,7 @@ class OutputFlusher:
             if self._armed:
                 return
             self._armed = True
-        try:
-            self._loop.call_soon_threadsafe(self._arm)
-        except RuntimeError:
-            pass  # The loop is closed: the server is gone, and so is the client.
+        call_soon(self._loop, self._arm)
 
     def _arm(self) -> None:
         self._loop.call_later(self._delay, self._flush)
@@ -137,11 +142,8 @@ class OutputBuffer:
             return
         if self._flusher is not None:
             self._flusher.mark(self)
-            return
-        try:
-            self._loop.call_soon_threadsafe(self._schedule)
-        except RuntimeError:
-            pass  # The loop is closed: the server is gone, and so is the client.
+        else:
+            call_soon(self._loop, self._schedule)
 
     def _append(self, stream: Stream, data: str) -> None:
         # Called with the lock held.
