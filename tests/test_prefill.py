@@ -15,6 +15,7 @@ batch size ``LocalServer`` chooses, and assert what happened in which order
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import socket
@@ -28,13 +29,17 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from _console import Console, ConsoleClient, health, running_console, wait_health
+from wirecut._record import UsageFacts
+from wirecut.console.runner import CompleteFacts, Reason
 from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
+from wirecut.console.server._slot_watch import SETTLE, SlotWatch
 from wirecut.simulator import EventKind, SimConfig
 
 #: Batches of 200 prompt tokens, 2 s each: a cut waits up to 2 s for the batch under way.
@@ -129,10 +134,9 @@ async def _pause() -> None:
     await asyncio.sleep(0.02)  # the provider's own pace of tokens
 
 
-@pytest.fixture
-def slotless_provider() -> Iterator[str]:
-    """An OpenAI-compatible stream without ``/slots`` (404), on loopback."""
-    app = Starlette(routes=[Route("/v1/chat/completions", _endless_chat, methods=["POST"])])
+@contextlib.contextmanager
+def _serving(app: Starlette) -> Iterator[str]:
+    """``app`` on a loopback port, on a thread; its root URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = _Listening(
@@ -142,11 +146,19 @@ def slotless_provider() -> Iterator[str]:
     thread.start()
     assert server.listening.wait(10)
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+@pytest.fixture
+def slotless_provider() -> Iterator[str]:
+    """An OpenAI-compatible stream without ``/slots`` (404), on loopback."""
+    app = Starlette(routes=[Route("/v1/chat/completions", _endless_chat, methods=["POST"])])
+    with _serving(app) as root:
+        yield root + "/v1"
 
 
 def test_after_a_cut_a_provider_without_slots_gives_null_not_zero(
@@ -164,6 +176,44 @@ def test_after_a_cut_a_provider_without_slots_gives_null_not_zero(
         assert client.complete(id)["status"] == "cancelled"
         after = wait_health(server, lambda h: h["slots"]["busy_after_cut"] is None)
     assert after["slots"] == {"busy_after_cut": None}
+
+
+def test_the_cuts_of_a_burst_share_the_first_reading_of_slots_after_it() -> None:
+    # A reading among a burst's completes held them back: the first waits
+    # SETTLE after the first cut, and every cut of the burst shares it.
+    reads: list[float] = []
+
+    async def slots(request: Request) -> Response:
+        reads.append(time.monotonic())
+        return JSONResponse([{"id": 0, "id_task": 7, "is_processing": False}])
+
+    cut = CompleteFacts.unstarted(Reason.USER, elapsed_ms=1.0).replace(usage=UsageFacts(requests=1))
+
+    async def burst(root: str) -> list[float]:
+        registry = CollectorRegistry()
+        watch = SlotWatch(root, registry=registry, min_interval=0.5)
+        completed = []
+        try:
+            # 16 completes spread over 0.16 s, as a burst's are over the GIL.
+            for _ in range(16):
+                completed.append(time.monotonic())
+                watch.completed(cut, 0.0)
+                await asyncio.sleep(0.01)
+            # Until every cut was seen released: the watcher has no event to
+            # wait on, its readings are its own clock's.
+            deadline = time.monotonic() + 10
+            while registry.get_sample_value("wirecut_slot_held_after_cut_ms_count") != 16:
+                assert time.monotonic() < deadline, reads
+                await asyncio.sleep(0.05)
+        finally:
+            await watch.aclose()
+        return completed
+
+    with _serving(Starlette(routes=[Route("/slots", slots)])) as root:
+        completed = asyncio.run(burst(root))
+    assert len(reads) == 1, reads
+    assert reads[0] > completed[-1]  # after the last cut of the burst
+    assert reads[0] - completed[0] >= SETTLE
 
 
 # -- the real llama.cpp --------------------------------------------------------------------

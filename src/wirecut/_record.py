@@ -85,10 +85,6 @@ class UsageFacts:
         )
 
 
-#: The usage of a command that asked nothing of any provider.
-NO_USAGE = UsageFacts()
-
-
 #: The usage of work that asked nothing of any provider.
 NO_USAGE = UsageFacts()
 
