@@ -44,6 +44,7 @@ from wirecut.local import (
     default_threads,
     ensure_gemma,
     is_available,
+    usable_cpus,
 )
 from wirecut.provider import ChatClient, ChatResult
 from wirecut.scope import InterruptScope
@@ -213,6 +214,7 @@ def test_default_threads_leave_half_the_cpus_to_other_work(
 ) -> None:
     # llama.cpp's threads wait for each other at every step: one whose core
     # another process takes stalls them all (docs/local-model.md, "Threads").
+    monkeypatch.setattr(wirecut.local._server, "_cpu_quota", lambda *paths: None)
     for cpus, threads in ((1, 1), (2, 1), (3, 1), (4, 2), (6, 3), (8, 4), (64, 4)):
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cpus: set(range(n)))
         assert default_threads() == threads, cpus
@@ -220,6 +222,41 @@ def test_default_threads_leave_half_the_cpus_to_other_work(
     assert LocalServer(threads=3).threads == 3
     with pytest.raises(ValueError, match="threads"):
         LocalServer(threads=0)
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "files", "cpus"),
+    [
+        ("0::/box\n", {"box/cpu.max": "200000 100000\n"}, 2),  # v2, 2 CPUs
+        ("0::/box\n", {"box/cpu.max": "150000 100000\n"}, 2),  # 1.5 CPUs: 2 threads' worth
+        ("0::/box\n", {"box/cpu.max": "max 100000\n"}, 8),  # no quota
+        ("0::/\n", {"cpu.max": "100000 100000\n"}, 1),  # a container's own root
+        (
+            "4:cpu,cpuacct:/box\n1:memory:/box\n",
+            {
+                "cpu,cpuacct/box/cpu.cfs_quota_us": "300000",
+                "cpu,cpuacct/box/cpu.cfs_period_us": "100000",
+            },
+            3,
+        ),  # v1
+        (
+            "1:cpu:/\n",
+            {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"},
+            8,
+        ),  # v1, no quota
+        ("0::/gone\n", {}, 8),  # unreadable: the affinity alone
+        ("garbage\n", {}, 8),
+    ],
+)
+def test_usable_cpus_are_the_affinity_capped_by_the_cgroup_quota(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cgroup: str, files: dict[str, str], cpus: int
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    (tmp_path / "self-cgroup").write_text(cgroup)
+    for name, text in files.items():
+        (tmp_path / "fs" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "fs" / name).write_text(text)
+    assert usable_cpus(tmp_path / "fs", tmp_path / "self-cgroup") == cpus
 
 
 def test_data_dir_comes_from_the_environment(

@@ -36,7 +36,7 @@ from wirecut.local._model import (
     parse_model_spec,
     resolve_model,
 )
-from wirecut.local._server import LocalServer, ServerState, default_threads
+from wirecut.local._server import LocalServer, ServerState, default_threads, usable_cpus
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -61,4 +61,5 @@ __all__ = [
     "is_available",
     "parse_model_spec",
     "resolve_model",
+    "usable_cpus",
 ]

@@ -49,7 +49,7 @@ from wirecut.local._model import (
 )
 from wirecut.scope import kill_process_group, unwatch_group, watch_group
 
-__all__ = ["LocalServer", "ServerState", "default_threads"]
+__all__ = ["LocalServer", "ServerState", "default_threads", "usable_cpus"]
 
 #: llama.cpp's n_batch and n_ubatch for the embedded server (llama.cpp's own
 #: defaults: 2048 and 512). llama.cpp acts on a cancelled task only between
@@ -64,7 +64,7 @@ MAX_THREADS = 4
 
 
 def default_threads() -> int:
-    """llama.cpp threads for the embedded server: half the CPUs this process may use, 1 to 4.
+    """llama.cpp threads for the embedded server: half of ``usable_cpus()``, 1 to 4.
 
     llama.cpp's threads meet at a barrier after every step of a batch, so one
     thread whose core another process takes stalls all of them: on 2 cores,
@@ -74,7 +74,54 @@ def default_threads() -> int:
     small default model gains little past 4. Table: docs/cancellation-limits.md
     (bench/bench_prefill.py with ``--burners``).
     """
-    return max(1, min(MAX_THREADS, len(os.sched_getaffinity(0)) // 2))
+    return max(1, min(MAX_THREADS, usable_cpus() // 2))
+
+
+def usable_cpus(
+    cgroup_root: Path = Path("/sys/fs/cgroup"), self_cgroup: Path = Path("/proc/self/cgroup")
+) -> int:
+    """The CPUs this process may run on, and no more than its cgroup's CPU quota allows.
+
+    A container limited to 2 CPUs (``docker --cpus 2``) sees every CPU of its
+    host in its affinity; its quota (cgroup v2 ``cpu.max``, v1
+    ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``) says how many it gets.
+    """
+    cpus = len(os.sched_getaffinity(0))
+    quota = _cpu_quota(cgroup_root, self_cgroup)
+    return cpus if quota is None else max(1, min(cpus, math.ceil(quota)))
+
+
+def _cpu_quota(cgroup_root: Path, self_cgroup: Path) -> float | None:
+    """CPUs' worth of time the cgroup quota allows (None: no quota, or none readable)."""
+    try:
+        lines = self_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        try:
+            if controllers == "":  # cgroup v2: "0::/path"
+                quota, period = (cgroup_root / path.lstrip("/") / "cpu.max").read_text().split()
+            elif "cpu" in controllers.split(","):  # cgroup v1: "4:cpu,cpuacct:/path"
+                folder = cgroup_root / controllers / path.lstrip("/")
+                quota = (folder / "cpu.cfs_quota_us").read_text().strip()
+                period = (folder / "cpu.cfs_period_us").read_text().strip()
+            else:
+                continue
+        except (OSError, ValueError):
+            continue
+        if quota in ("max", "-1"):
+            continue
+        try:
+            value = int(quota) / int(period)
+        except (ValueError, ZeroDivisionError):
+            continue
+        if value > 0:
+            return value
+    return None
 
 
 _STDERR_TAIL_LINES = 30

@@ -494,5 +494,3 @@ def _placement(command: Command) -> Placement:
 
 def _ms(command: Command) -> float:
     return round(command.elapsed_ms, 3)
-
-
