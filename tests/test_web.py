@@ -403,6 +403,46 @@ def test_page_reconnects_after_the_server_restarts(page: Page, tmp_path: Path) -
             expect_state(run(page, "help"), "ok")
 
 
+def test_a_press_on_a_streaming_blocks_cancel_holds_the_log_still(
+    browser: Browser, console: Console
+) -> None:
+    # The log follows the output, which moved the Cancel button of a block
+    # between the press and the release, and the tap missed: while a pointer
+    # is down in the log it holds still.
+    context = browser.new_context(viewport={"width": 375, "height": 740})
+    context.set_default_timeout(WAIT_MS)
+    try:
+        page = context.new_page()
+        open_console(page, console)
+        expect_state(run(page, "help"), "ok")  # fills the log: it scrolls
+        chat = run(page, "chat a long one please")
+        words = len(wait_tokens_while_running(page, chat, words=5).split())
+        button = chat.locator(".cmd-cancel")
+        for _ in range(5):
+            # A token may move the button between reading its place and the
+            # press: then that press is let go elsewhere, and tried again.
+            box = button.bounding_box()
+            assert box is not None
+            assert 0 <= box["y"] <= box["y"] + box["height"] <= 740, box  # on screen
+            x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+            page.mouse.move(x, y)
+            page.mouse.down()
+            held = button.bounding_box()
+            assert held is not None
+            if held["y"] <= y <= held["y"] + held["height"]:
+                break
+            page.mouse.move(1, 1)
+            page.mouse.up()
+        else:
+            raise AssertionError("every press missed the moving button")
+        wait_tokens_while_running(page, chat, words=words + 40)  # it kept streaming
+        assert button.bounding_box() == held  # and the button did not move
+        page.mouse.up()
+        expect_state(chat, "cancelled")
+    finally:
+        context.close()
+
+
 def test_phone_width_has_no_horizontal_overflow(browser: Browser, console: Console) -> None:
     context = browser.new_context(viewport={"width": 375, "height": 740}, color_scheme="light")
     context.set_default_timeout(WAIT_MS)

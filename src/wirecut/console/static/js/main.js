@@ -176,6 +176,11 @@ document.addEventListener("keydown", (event) => {
   ui.prompt.focus();
 });
 
+ui.log.addEventListener("pointerdown", () => page.holdScroll(true));
+for (const type of ["pointerup", "pointercancel"]) {
+  document.addEventListener(type, () => page.holdScroll(false));
+}
+
 ui.cancelAll.addEventListener("click", () => {
   page.cancelAll();
   ui.prompt.focus();

@@ -28,6 +28,8 @@ export class ConsolePage {
     this.onTokenRefused = onTokenRefused;
     this.onConnected = onConnected;
     this.blocks = new Map(); // id -> CommandBlock (live or finished, while its block exists)
+    this.held = false; // a pointer is down in the log: it does not scroll (holdScroll)
+    this.followAfter = false;
     this.seq = 0;
     this.tickTimer = null;
     this.lostAt = null;
@@ -67,9 +69,26 @@ export class ConsolePage {
 
   /** Append (or grow) something in the log, following the end only if the reader was there. */
   withScroll(change) {
-    const follow = this.nearBottom();
+    const follow = !this.held && this.nearBottom();
     change();
     if (follow) this.ui.log.scrollTop = this.ui.log.scrollHeight;
+  }
+
+  /**
+   * While a pointer is down in the log the log holds still, so that a press on
+   * a streaming block's Cancel button is still on it when released (following
+   * the output moved the button away between the two); on release it catches up.
+   */
+  holdScroll(held) {
+    if (held === this.held) return;
+    if (held) this.followAfter = this.nearBottom();
+    this.held = held;
+    // After the click that this release may complete has found its target.
+    if (!held && this.followAfter) {
+      setTimeout(() => {
+        if (!this.held) this.ui.log.scrollTop = this.ui.log.scrollHeight;
+      }, 0);
+    }
   }
 
   notice(text, tone = "info") {
