@@ -139,10 +139,11 @@ def local(
     signal.signal(signal.SIGINT, _stop_on_signal)
     try:
         with server:
-            click.echo(f"wirecut local: {server.base_url} ({server.model})")
+            # stderr first: once the URL line is out, a reader may stop us at once.
             say(f"{server.threads} llama.cpp thread{'s' if server.threads != 1 else ''}")
-            sys.stdout.flush()
             click.echo(chosen.note, err=True)
+            click.echo(f"wirecut local: {server.base_url} ({server.model})")
+            sys.stdout.flush()
             status = server.wait()
             tail = server.stderr_tail()
         click.echo(
