@@ -30,6 +30,7 @@ export class ConsolePage {
     this.blocks = new Map(); // id -> CommandBlock (live or finished, while its block exists)
     this.held = false; // a pointer is down in the log: it does not scroll (holdScroll)
     this.followAfter = false;
+    this.heldAt = 0;
     this.seq = 0;
     this.tickTimer = null;
     this.lostAt = null;
@@ -81,12 +82,17 @@ export class ConsolePage {
    */
   holdScroll(held) {
     if (held === this.held) return;
-    if (held) this.followAfter = this.nearBottom();
+    const log = this.ui.log;
+    if (held) {
+      this.followAfter = this.nearBottom();
+      this.heldAt = log.scrollTop;
+    }
     this.held = held;
-    // After the click that this release may complete has found its target.
+    // After the click that this release may complete has found its target,
+    // and not if the reader scrolled meanwhile (a touch pan ends as a release).
     if (!held && this.followAfter) {
       setTimeout(() => {
-        if (!this.held) this.ui.log.scrollTop = this.ui.log.scrollHeight;
+        if (!this.held && log.scrollTop === this.heldAt) log.scrollTop = log.scrollHeight;
       }, 0);
     }
   }
