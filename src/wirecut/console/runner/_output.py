@@ -86,8 +86,9 @@ class OutputBuffer:
     """What one command wrote and the event loop has not sent yet.
 
     ``write`` is safe from any thread; ``flush`` and ``close`` run on the
-    event loop, which calls ``emit(stream, data)`` in order. With a
-    ``flusher`` the buffer is flushed by it, else by a timer of its own.
+    event loop, which calls ``emit(stream, data)`` in order. ``flusher`` is
+    shared with the other buffers of a runner; without one the buffer has its
+    own (``delay`` after its first write).
     """
 
     def __init__(
@@ -100,12 +101,10 @@ class OutputBuffer:
         delay: float = COALESCE_DELAY,
         flusher: OutputFlusher | None = None,
     ) -> None:
-        self._loop = loop
-        self._flusher = flusher
+        self._flusher = flusher or OutputFlusher(loop, delay=delay)
         self._emit = emit
         self._on_dropped = on_dropped
         self._cap = cap
-        self._delay = delay
         # Guards everything below: workers append, the loop takes.
         self._lock = threading.Lock()
         self._chunks: list[tuple[Stream, list[str]]] = []
@@ -138,12 +137,8 @@ class OutputBuffer:
         if dropped:
             self._on_dropped(dropped)
             return
-        if not schedule:
-            return
-        if self._flusher is not None:
+        if schedule:
             self._flusher.mark(self)
-        else:
-            call_soon(self._loop, self._schedule)
 
     def _append(self, stream: Stream, data: str) -> None:
         # Called with the lock held.
@@ -151,9 +146,6 @@ class OutputBuffer:
             self._chunks[-1][1].append(data)
         else:
             self._chunks.append((stream, [data]))
-
-    def _schedule(self) -> None:
-        self._loop.call_later(self._delay, self.flush)
 
     def flush(self) -> None:
         """Send what accumulated (event loop only)."""
