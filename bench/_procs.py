@@ -20,12 +20,13 @@ def percentile(values: list[float], q: float) -> float | None:
 class Process:
     """A ``wirecut`` subcommand whose first stdout line names its URL."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "wirecut", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
+            env=env,
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()

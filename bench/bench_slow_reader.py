@@ -29,13 +29,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +41,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from _procs import Process
 from _rawws import RawClient
 
 HERE = Path(__file__).resolve().parent
@@ -60,35 +59,19 @@ def rss(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
-@dataclass
 class Server:
     """``wirecut serve`` on ``src``'s code, in ``data``."""
 
-    src: Path
-    data: Path
-    proc: subprocess.Popen[str] = field(init=False)
-    url: str = field(init=False)
-    token: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        env = {**os.environ, "PYTHONPATH": str(self.src)}
+    def __init__(self, src: Path, data: Path) -> None:
+        env = {**os.environ, "PYTHONPATH": str(src)}
         env.pop("WIRECUT_TOKEN", None)
-        self.proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "wirecut", "serve", "--port", "0"),
-                *("--data-dir", str(self.data), "--provider-url", "http://127.0.0.1:9/v1"),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
+        self.process = Process(
+            *("serve", "--port", "0", "--data-dir", str(data)),
+            *("--provider-url", "http://127.0.0.1:9/v1"),
             env=env,
         )
-        assert self.proc.stdout is not None
-        banner = self.proc.stdout.readline().strip()
-        if not banner.startswith("wirecut console: "):
-            raise RuntimeError(f"serve did not start: {banner!r} (exit {self.proc.wait()})")
-        page = banner.split(": ", 1)[1]
-        self.url, self.token = page.split("?token=")
+        self.proc = self.process.proc
+        self.url, self.token = self.process.url.split("?token=")
         self.ws_url = self.url.replace("http://", "ws://") + f"api/console?token={self.token}"
 
     def health(self) -> dict[str, Any]:
@@ -105,13 +88,7 @@ class Server:
         return None
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(60)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
+        self.process.stop()
 
 
 class Sampler:
