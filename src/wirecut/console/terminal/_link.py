@@ -86,7 +86,8 @@ class CommandChannel:
             raise self.link.lost or LinkError("the connection was closed by this client")
         return frame
 
-    def _put(self, frame: Frame | None) -> None:
+    def deliver(self, frame: Frame | None) -> None:
+        """The link's side: the next frame of this command (None: the link ended)."""
         self._frames.put_nowait(frame)
 
 
@@ -253,7 +254,7 @@ class Link:
         kind = frame.get("type")
         if kind == "accepted":
             channel.accepted = True
-        channel._put(frame)
+        channel.deliver(frame)
         # After complete nothing more comes for this id; an error before
         # accepted means the run was refused, and nothing more comes either.
         if kind == "complete" or (kind == "error" and not channel.accepted):
@@ -261,7 +262,7 @@ class Link:
 
     def _wake_all(self) -> None:
         for channel in self._channels.values():
-            channel._put(None)
+            channel.deliver(None)
         self._channels.clear()
 
 
