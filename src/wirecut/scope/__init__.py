@@ -12,7 +12,8 @@ ledger), ``_registration`` (a registration and its kinds), ``_cuttables``
 ``scope.popen``), ``_reaper`` (kills our process groups if we die first),
 ``_threads`` (owned threads, the executor, escalation),
 ``_binding`` (the ContextVar), ``_timers`` (clocks), ``_timeline`` (the
-unwind's events), ``_errors`` (the exception tree).
+unwind's events), ``_burst`` (a canceller's turn at the GIL before the
+threads it wakes), ``_errors`` (the exception tree).
 """
 
 from wirecut.scope._binding import (
@@ -28,6 +29,7 @@ from wirecut.scope._binding import (
     sleep,
     wait,
 )
+from wirecut.scope._burst import CancelBurst, cancel_burst
 from wirecut.scope._cuttables import Interruptible, cut_socket
 from wirecut.scope._errors import Interrupted
 from wirecut.scope._interrupt_scope import InterruptScope, ScopeState
@@ -40,6 +42,7 @@ from wirecut.scope._timers import MockClock
 
 __all__ = [
     "NULL_REGISTRATION",
+    "CancelBurst",
     "InterruptScope",
     "Interrupted",
     "Interruptible",
@@ -52,6 +55,7 @@ __all__ = [
     "ScopedPopen",
     "TimelineEvent",
     "bind_scope",
+    "cancel_burst",
     "check",
     "committing",
     "current_scope",

@@ -46,6 +46,7 @@ from wirecut.console.runner._contract import CommandSink, RunnerObserver
 from wirecut.console.runner._lifecycle import CommandEvent, CommandLifecycle, CommandState
 from wirecut.console.runner._output import OutputBuffer, OutputFlusher, call_soon
 from wirecut.console.runner._record import CompleteFacts, Lifecycle, Reason
+from wirecut.scope import cancel_burst
 
 __all__ = [
     "Accepted",
@@ -189,6 +190,8 @@ class RunnerCore:
         self._drivers: set[asyncio.Task[None]] = set()
         self._ids = itertools.count(1)
         self._closing = False
+        # Ends this runner's hold of the cancel burst (``_cutting``).
+        self._burst_end: asyncio.TimerHandle | None = None
 
     # -- for subclasses -------------------------------------------------------------------
 
@@ -281,7 +284,28 @@ class RunnerCore:
             _placement(command).cut(command, why)
         finally:
             self._after_cut(command, why)
+        self._cutting()
         return True
+
+    def _cutting(self) -> None:
+        """Hold the process's cancel burst until this loop saw no cancel for ``_BURST_QUIET``.
+
+        Cancel frames come one by one, and between two of them the loop has
+        to take the GIL back from every thread the cuts before woke and every
+        stream still reading: held, those wait for the burst to end (at most
+        ``cancel_burst.bound`` a read), and the 64th cut of a burst is not
+        paced by 63 unwinds and a stream's tokens. The end is a timer of this
+        loop, so it comes only once the loop has handled the frames it had
+        already read. The command a lone cancel cut is never held.
+        """
+        cancel_burst.hold(self)
+        if self._burst_end is not None:
+            self._burst_end.cancel()
+        self._burst_end = self.loop.call_later(_BURST_QUIET, self._burst_over)
+
+    def _burst_over(self) -> None:
+        self._burst_end = None
+        cancel_burst.release(self)
 
     def cancel_all(self, commands: Iterable[Command], reason: str) -> int:
         """Cancel each of ``commands`` with ``reason`` in one pass; how many this cancelled.
@@ -353,6 +377,9 @@ class RunnerCore:
         if self._drivers:
             await asyncio.wait(set(self._drivers))
         await self._stop_placements()
+        if self._burst_end is not None:
+            self._burst_end.cancel()
+            self._burst_over()
 
     # -- Reporter (placements call these on the loop) ----------------------------------------
 
@@ -464,6 +491,11 @@ class _NoObserver:
     def output_dropped(self, characters: int) -> None:
         pass
 
+
+#: How long after a cancel this runner holds the cancel burst (seconds), as
+#: the loop counts it: longer than the gap between two frames that a client
+#: sends one after another, short beside a cancel's own latency.
+_BURST_QUIET = 0.001
 
 #: The thread switch interval while a burst of cuts runs (seconds): longer than
 #: any burst takes (64 cuts: about a millisecond), so no woken worker forces the
