@@ -456,6 +456,8 @@ def test_second_client_waits_for_the_only_slot(
     freed = sim.wait_for(of(EventKind.SLOT_FREED, "req-1"), timeout=5)
     acquired = sim.wait_for(of(EventKind.SLOT_ACQUIRED, "req-2"), timeout=5)
     assert queued.seq < freed.seq < acquired.seq
+    # The reply is sent before the simulator records its end: wait for that end.
+    sim.wait_for(of(EventKind.REQUEST_FINISHED, "req-2"), timeout=5)
     assert [s.state for s in sim.requests()] == [RequestState.FINISHED] * 2
 
 
