@@ -289,6 +289,61 @@ def test_a_cut_that_fails_in_a_cancel_all_still_cancels_every_other_command(
     assert after["status"] == "ok"  # the connection and the server go on
 
 
+def test_workers_that_return_while_the_loop_is_busy_wake_it_once(tmp_path: Path) -> None:
+    # Each wake-up from a worker is a write to the loop's self-pipe, which
+    # lets go of the GIL: 64 cut workers returning at once were 64 turns the
+    # loop waited through before their completes (docs/architecture.md).
+    opened = threading.Event()
+    commands = builtin_commands().plus(gate_command(opened))
+    ids = [f"g{k}" for k in range(8)]
+    try:
+        with running_console(tmp_path, workers=8, commands=commands) as running:
+            runner = running.server.state.runner
+            with running.client() as c:
+                for id in ids:
+                    c.run("test-gate", id=id)
+                for id in ids:
+                    c.wait_for(lambda f, id=id: f["type"] == "started" and f["id"] == id)
+                loop = runner.loop
+                busy, counting = threading.Event(), threading.Event()
+                wakeups: list[object] = []
+                real = loop.call_soon_threadsafe
+
+                def counted(*args: Any, **kwargs: Any) -> Any:
+                    if counting.is_set():
+                        wakeups.append(args[0])
+                    return real(*args, **kwargs)
+
+                returned = threading.Semaphore(0)
+
+                def hold_the_loop() -> None:
+                    busy.set()
+                    # Until every gate's worker has returned and said so (the
+                    # loop reads nothing meanwhile: it is here).
+                    for _ in ids:
+                        assert returned.acquire(timeout=10)
+                    counting.clear()
+
+                loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+                try:
+                    real(hold_the_loop)
+                    assert busy.wait(10)
+                    # Loop-owned, read while the loop is held. A done callback
+                    # added now runs after the runner's, on the worker thread.
+                    for cmd in runner.live():
+                        cmd.future.add_done_callback(lambda _: returned.release())
+                    counting.set()
+                    opened.set()
+                    completes = {id: c.complete(id) for id in ids}
+                finally:
+                    loop.call_soon_threadsafe = real  # type: ignore[method-assign]
+    finally:
+        opened.set()
+    assert len(wakeups) == 1, wakeups  # one for the 8 workers that returned
+    assert {id: f["status"] for id, f in completes.items()} == dict.fromkeys(ids, "ok")
+    assert all(f["lifecycle"]["worker_exited"] for f in completes.values())
+
+
 def test_a_worker_that_ignores_the_cut_is_reported_leaked_and_replaced(tmp_path: Path) -> None:
     _stubborn_release.clear()
     try:

@@ -18,6 +18,9 @@ command with something new (64 commands streaming 50 tokens a second each
 woke the loop 3,200 times a second). ``close()`` (at the terminal frame)
 flushes and then drops, and counts, everything written later: nothing
 follows a command's ``complete``.
+
+Both wake the loop through a ``LoopInbox``: what threads hand over while the
+loop has not yet taken the last batch joins that batch, for no wake-up more.
 """
 
 from __future__ import annotations
@@ -28,12 +31,21 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any, Generic, TextIO, TypeVar
 
 from wirecut.console.commands import Stream
 from wirecut.scope import InterruptScope, current_scope
 
-__all__ = ["OutputBuffer", "OutputFlusher", "bind_output", "call_soon", "route_stdio"]
+__all__ = [
+    "LoopInbox",
+    "OutputBuffer",
+    "OutputFlusher",
+    "bind_output",
+    "call_soon",
+    "route_stdio",
+]
+
+T = TypeVar("T")
 
 #: Characters one command may output before the rest is cut (one notice says so).
 OUTPUT_CAP = 1 << 20
@@ -49,6 +61,50 @@ def call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: A
         pass  # The loop is closed: the server is gone, and so is the client.
 
 
+class LoopInbox(Generic[T]):
+    """Items put from any thread, handed to ``take`` on the event loop in batches.
+
+    The first ``put`` after a batch was taken wakes the loop (``delay``
+    seconds later, if given); the items put until the loop takes them join
+    that batch. A loop wake-up from another thread is a write to the loop's
+    self-pipe, which lets go of the GIL: when 64 cut workers return at once,
+    that was 64 more turns at the GIL for the loop to wait through before
+    their ``complete`` frames. Quietly nothing once the loop is closed.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        take: Callable[[list[T]], None],
+        *,
+        delay: float = 0.0,
+    ) -> None:
+        self._loop = loop
+        self._take = take
+        self._delay = delay
+        # Guards the two below: threads put, the loop takes.
+        self._lock = threading.Lock()
+        self._items: list[T] = []
+        self._armed = False
+
+    def put(self, item: T) -> None:
+        with self._lock:
+            self._items.append(item)
+            if self._armed:
+                return  # The loop was woken for this batch already.
+            self._armed = True
+        call_soon(self._loop, self._arm if self._delay > 0 else self._drain)
+
+    def _arm(self) -> None:
+        self._loop.call_later(self._delay, self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+            self._armed = False
+        self._take(items)
+
+
 class OutputFlusher:
     """Flushes every ``OutputBuffer`` with something new, ``delay`` after the first of them.
 
@@ -56,30 +112,15 @@ class OutputFlusher:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, *, delay: float = COALESCE_DELAY) -> None:
-        self._loop = loop
-        self._delay = delay
-        # Guards the two below: workers mark, the loop takes.
-        self._lock = threading.Lock()
-        self._marked: list[OutputBuffer] = []
-        self._armed = False
+        self._marked: LoopInbox[OutputBuffer] = LoopInbox(loop, _flush_each, delay=delay)
 
     def mark(self, buffer: OutputBuffer) -> None:
-        with self._lock:
-            self._marked.append(buffer)
-            if self._armed:
-                return
-            self._armed = True
-        call_soon(self._loop, self._arm)
+        self._marked.put(buffer)
 
-    def _arm(self) -> None:
-        self._loop.call_later(self._delay, self._flush)
 
-    def _flush(self) -> None:
-        with self._lock:
-            marked, self._marked = self._marked, []
-            self._armed = False
-        for buffer in marked:
-            buffer.flush()  # nothing if it was flushed meanwhile (a confirm, a close)
+def _flush_each(buffers: list[OutputBuffer]) -> None:
+    for buffer in buffers:
+        buffer.flush()  # nothing if it was flushed meanwhile (a confirm, a close)
 
 
 class OutputBuffer:

@@ -49,7 +49,7 @@ from wirecut.console.runner._core import (
     call_soon,
 )
 from wirecut.console.runner._lifecycle import CommandEvent, CommandState
-from wirecut.console.runner._output import bind_output
+from wirecut.console.runner._output import LoopInbox, bind_output
 from wirecut.console.runner._pool import WorkerPool
 from wirecut.console.runner._record import (
     CompleteFacts,
@@ -113,9 +113,12 @@ class ThreadPlacement:
         # Commands whose worker may still run: completed leaked ones stay here
         # (they count in health) until their worker exits at last.
         self._live: set[LocalCommand] = set()
+        # Workers that returned, with when: one loop wake-up for those of a burst.
+        self._exits: LoopInbox[tuple[LocalCommand, float]] | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        self._exits = LoopInbox(loop, self._on_workers_done)
 
     def stop(self) -> None:
         self.pool.shutdown()
@@ -287,11 +290,16 @@ class ThreadPlacement:
     def _worker_done(self, command: LocalCommand) -> None:
         # The future's done callback: on the worker thread, or on the loop for
         # a future cancelled while queued.
-        self._call_soon(self._on_worker_done, command, time.monotonic())
+        assert self._exits is not None
+        self._exits.put((command, time.monotonic()))
 
     def _call_soon(self, fn: Callable[..., None], *args: Any) -> None:
         assert self._loop is not None
         call_soon(self._loop, fn, *args)
+
+    def _on_workers_done(self, exits: list[tuple[LocalCommand, float]]) -> None:
+        for command, exited in exits:
+            self._on_worker_done(command, exited)
 
     def _on_worker_done(self, command: LocalCommand, exited: float) -> None:
         assert command.future is not None
