@@ -7,12 +7,17 @@ came after the cancel, and the ``complete`` frame carries what was true.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import gc
 import json
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -289,56 +294,91 @@ def test_a_cut_that_fails_in_a_cancel_all_still_cancels_every_other_command(
     assert after["status"] == "ok"  # the connection and the server go on
 
 
+@contextlib.contextmanager
+def gates_started(tmp_path: Path, ids: list[str]) -> Iterator[tuple[Any, Any, threading.Event]]:
+    """A console running one started ``test-gate`` per id: (its runner, a client, the gate).
+
+    The gate is opened on the way out, whatever happened.
+    """
+    opened = threading.Event()
+    commands = builtin_commands().plus(gate_command(opened))
+    try:
+        with (
+            running_console(tmp_path, workers=len(ids), commands=commands) as running,
+            running.client() as c,
+        ):
+            for id in ids:
+                c.run("test-gate", id=id)
+            for id in ids:
+                c.wait_for(lambda f, id=id: f["type"] == "started" and f["id"] == id)
+            yield running.server.state.runner, c, opened
+    finally:
+        opened.set()
+
+
+def test_a_completed_command_is_not_kept_by_the_server(tmp_path: Path) -> None:
+    # Its output binding held the command's record, scope, exception and
+    # frames for the life of the server: tens of KiB a command, never freed.
+    ids = ["g1", "g2", "g3"]
+    with gates_started(tmp_path, ids) as (runner, c, opened):
+
+        async def records() -> list[weakref.ref[Any]]:
+            return [weakref.ref(command) for command in runner.live()]
+
+        loop = runner.loop
+        refs = asyncio.run_coroutine_threadsafe(records(), loop).result(10)
+        assert len(refs) == 3
+        c.cancel("g1")  # one cut, two that end by themselves
+        completes = {"g1": c.complete("g1")}
+        opened.set()
+        completes |= {id: c.complete(id) for id in ids[1:]}
+        # Whatever the loop was still doing for them has run once it reaches this.
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(10)
+        gc.collect()
+        alive = [ref() for ref in refs if ref() is not None]
+    assert [f["status"] for f in completes.values()] == ["cancelled", "ok", "ok"]
+    assert alive == []
+
+
 def test_workers_that_return_while_the_loop_is_busy_wake_it_once(tmp_path: Path) -> None:
     # Each wake-up from a worker is a write to the loop's self-pipe, which
     # lets go of the GIL: 64 cut workers returning at once were 64 turns the
     # loop waited through before their completes (docs/architecture.md).
-    opened = threading.Event()
-    commands = builtin_commands().plus(gate_command(opened))
     ids = [f"g{k}" for k in range(8)]
-    try:
-        with running_console(tmp_path, workers=8, commands=commands) as running:
-            runner = running.server.state.runner
-            with running.client() as c:
-                for id in ids:
-                    c.run("test-gate", id=id)
-                for id in ids:
-                    c.wait_for(lambda f, id=id: f["type"] == "started" and f["id"] == id)
-                loop = runner.loop
-                busy, counting = threading.Event(), threading.Event()
-                wakeups: list[object] = []
-                real = loop.call_soon_threadsafe
+    with gates_started(tmp_path, ids) as (runner, c, opened):
+        loop = runner.loop
+        busy, counting = threading.Event(), threading.Event()
+        wakeups: list[object] = []
+        real = loop.call_soon_threadsafe
 
-                def counted(*args: Any, **kwargs: Any) -> Any:
-                    if counting.is_set():
-                        wakeups.append(args[0])
-                    return real(*args, **kwargs)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if counting.is_set():
+                wakeups.append(args[0])
+            return real(*args, **kwargs)
 
-                returned = threading.Semaphore(0)
+        returned = threading.Semaphore(0)
 
-                def hold_the_loop() -> None:
-                    busy.set()
-                    # Until every gate's worker has returned and said so (the
-                    # loop reads nothing meanwhile: it is here).
-                    for _ in ids:
-                        assert returned.acquire(timeout=10)
-                    counting.clear()
+        def hold_the_loop() -> None:
+            busy.set()
+            # Until every gate's worker has returned and said so (the loop
+            # reads nothing meanwhile: it is here).
+            for _ in ids:
+                assert returned.acquire(timeout=10)
+            counting.clear()
 
-                loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
-                try:
-                    real(hold_the_loop)
-                    assert busy.wait(10)
-                    # Loop-owned, read while the loop is held. A done callback
-                    # added now runs after the runner's, on the worker thread.
-                    for cmd in runner.live():
-                        cmd.future.add_done_callback(lambda _: returned.release())
-                    counting.set()
-                    opened.set()
-                    completes = {id: c.complete(id) for id in ids}
-                finally:
-                    loop.call_soon_threadsafe = real  # type: ignore[method-assign]
-    finally:
-        opened.set()
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        try:
+            real(hold_the_loop)
+            assert busy.wait(10)
+            # Loop-owned, read while the loop is held. A done callback added
+            # now runs after the runner's, on the worker thread.
+            for cmd in runner.live():
+                cmd.future.add_done_callback(lambda _: returned.release())
+            counting.set()
+            opened.set()
+            completes = {id: c.complete(id) for id in ids}
+        finally:
+            loop.call_soon_threadsafe = real  # type: ignore[method-assign]
     assert len(wakeups) == 1, wakeups  # one for the 8 workers that returned
     assert {id: f["status"] for id, f in completes.items()} == dict.fromkeys(ids, "ok")
     assert all(f["lifecycle"]["worker_exited"] for f in completes.values())

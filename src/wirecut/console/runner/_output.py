@@ -204,22 +204,33 @@ class OutputBuffer:
             self._chunks = []
 
 
-_owners: weakref.WeakKeyDictionary[InterruptScope, OutputBuffer] = weakref.WeakKeyDictionary()
+#: Each command scope's output, held weakly both ways. A buffer's ``emit``
+#: reaches its command and so the scope: a buffer held strongly here kept its
+#: own key alive, and with it every command's record, scope, exception and
+#: frames for the life of the server.
+_owners: weakref.WeakKeyDictionary[InterruptScope, weakref.ref[OutputBuffer]] = (
+    weakref.WeakKeyDictionary()
+)
 _owners_lock = threading.Lock()
 
 
 def bind_output(scope: InterruptScope, buffer: OutputBuffer) -> None:
-    """Route what code under ``scope`` (and its child scopes) prints to ``buffer``."""
+    """Route what code under ``scope`` (and its child scopes) prints to ``buffer``.
+
+    The binding lasts while both live: whoever owns ``buffer`` (the command's
+    record) keeps it.
+    """
     with _owners_lock:
-        _owners[scope] = buffer
+        _owners[scope] = weakref.ref(buffer)
 
 
-def _buffer_for_current_scope() -> OutputBuffer | None:
+def _binding_for_current_scope() -> weakref.ref[OutputBuffer] | None:
+    """The output bound to the current scope or its nearest ancestor; None if none is."""
     scope = current_scope()
     while scope is not None:
-        buffer = _owners.get(scope)
-        if buffer is not None:
-            return buffer
+        found = _owners.get(scope)
+        if found is not None:
+            return found
         scope = scope.parent
     return None
 
@@ -232,14 +243,17 @@ class _RoutedStream(io.TextIOBase):
         self.fallback = fallback
 
     def write(self, s: str) -> int:
-        buffer = _buffer_for_current_scope()
-        if buffer is None:
+        found = _binding_for_current_scope()
+        if found is None:
             return self.fallback.write(s)
-        buffer.write(self._stream, s)
+        buffer = found()
+        if buffer is not None:
+            buffer.write(self._stream, s)
+        # else: its command is gone, and what it prints is dropped, as after its complete.
         return len(s)
 
     def flush(self) -> None:
-        if _buffer_for_current_scope() is None:
+        if _binding_for_current_scope() is None:
             self.fallback.flush()
 
     def isatty(self) -> bool:
