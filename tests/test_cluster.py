@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -27,6 +28,7 @@ import socket
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -322,6 +324,28 @@ def test_a_curator_consolidation_cancelled_on_the_second_node_leaves_the_store(
     remote.sim.wait_for_event("peer_closed", since=since)
     assert store.dump() == before
     assert len(remote.sim.requests()) == requests_before
+
+
+def test_a_split_command_is_not_kept_after_its_complete(remote: Remote, second: str) -> None:
+    # Its split's jobs hold the worker's token callback, which reaches the
+    # command's scope: keyed by that scope, the entry kept its own key alive.
+    runner = remote.server.state.runner
+    with remote.client() as c:
+        seed_notes(c)
+        id = c.run("curator run --consolidate --yes")
+        wait_token(c, id)  # a model request of it is out on the second node
+
+        async def scopes() -> list[weakref.ref[Any]]:
+            return [weakref.ref(cmd.scope) for cmd in runner.live() if cmd.id == id]
+
+        refs = asyncio.run_coroutine_threadsafe(scopes(), runner.loop).result(10)
+        c.cancel(id)
+        complete = c.complete(id)
+        c.complete(c.run("sleep 0"))  # a sequence point: nothing of `id` after its complete
+    gc.collect()
+    assert complete["status"] == "cancelled"
+    assert len(refs) == 1
+    assert refs[0]() is None
 
 
 def test_a_consolidation_planned_on_the_second_node_is_applied_here(

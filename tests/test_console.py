@@ -318,16 +318,18 @@ def gates_started(tmp_path: Path, ids: list[str]) -> Iterator[tuple[Any, Any, th
 
 def test_a_completed_command_is_not_kept_by_the_server(tmp_path: Path) -> None:
     # Its output binding held the command's record, scope, exception and
-    # frames for the life of the server: tens of KiB a command, never freed.
+    # frames for the life of the server: tens of KiB a command, never freed;
+    # and its timeout's timer, cancelled, its scope until the timeout's time.
     ids = ["g1", "g2", "g3"]
     with gates_started(tmp_path, ids) as (runner, c, opened):
 
         async def records() -> list[weakref.ref[Any]]:
-            return [weakref.ref(command) for command in runner.live()]
+            live = runner.live()
+            return [weakref.ref(x) for command in live for x in (command, command.scope)]
 
         loop = runner.loop
         refs = asyncio.run_coroutine_threadsafe(records(), loop).result(10)
-        assert len(refs) == 3
+        assert len(refs) == 6
         c.cancel("g1")  # one cut, two that end by themselves
         completes = {"g1": c.complete("g1")}
         opened.set()

@@ -26,6 +26,7 @@ remote unwind. ``SplitSink`` merges the host's facts into that ``complete``:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import threading
 import time
@@ -74,7 +75,6 @@ class _Split:
     """One split command: its local record and what its model requests came to."""
 
     id: str
-    scope: InterruptScope
     outcomes: list[tuple[Outcome, float | None]] = field(default_factory=list)
     jobs: list[RemoteJob] = field(default_factory=list)
     reason: Reason | None = None
@@ -106,10 +106,19 @@ class SplitCommands:
         self._loop = loop
 
     def track(self, command: LocalCommand) -> _Split:
-        split = _Split(id=command.id, scope=command.scope)
+        split = _Split(id=command.id)
         with self._lock:
             self._by_scope[command.scope] = split
         return split
+
+    def forget(self, command: LocalCommand) -> None:
+        """``command`` completed: a request its worker makes from now on is refused.
+
+        Explicitly, not by the weak key alone: a split's jobs hold the worker's
+        token callback, which reaches the scope, so the entry kept its key alive.
+        """
+        with self._lock:
+            self._by_scope.pop(command.scope, None)
 
     def find(self) -> _Split | None:
         """The split command whose scope is bound in this thread (walking up from a child scope)."""
@@ -204,8 +213,13 @@ class SplitCommands:
             raise ProviderError("this request has no cluster command to run under")
         ws.check()
         with ws.register(_RemoteCut(self, split, loop)):
-            future = asyncio.run_coroutine_threadsafe(
-                self.request(split, messages, params, on_token), loop
+            # Run on the loop in a context of its own. In this thread's, the
+            # command's scope is bound, and every timer the request sets (a
+            # cancelled one too) would hold the scope until the timer's time.
+            future = contextvars.Context().run(
+                asyncio.run_coroutine_threadsafe,
+                self.request(split, messages, params, on_token),
+                loop,
             )
             bounds = self._bounds
             outcome = future.result(
@@ -301,11 +315,14 @@ class SplitPlacement:
         return self._threads.confirm(command)
 
     async def settle(self, command: Command) -> CompleteFacts:
-        facts = await self._threads.settle(command)
-        split = self._by_command.get(command)
+        assert isinstance(command, LocalCommand)
+        try:
+            facts = await self._threads.settle(command)
+        finally:
+            split = self._by_command.pop(command, None)
+            self._splits.forget(command)
         if split is None or not split.outcomes:
             return facts
-        assert isinstance(command, LocalCommand)
         return merge(facts, split.outcomes, command.scope.cancelled_at)
 
 

@@ -26,6 +26,7 @@ loop has not yet taken the last batch joins that batch, for no wake-up more.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import io
 import sys
 import threading
@@ -54,9 +55,14 @@ COALESCE_DELAY = 0.005
 
 
 def call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
-    """``loop.call_soon_threadsafe`` from a worker, quietly nothing once the loop is closed."""
+    """``loop.call_soon_threadsafe`` from a worker, quietly nothing once the loop is closed.
+
+    ``fn`` runs in a context of its own, not in a copy of the worker's, where
+    the command's scope is bound: a timer it sets (a command's timeout) would
+    keep that scope alive until the timer's time, cancelled or not.
+    """
     try:
-        loop.call_soon_threadsafe(fn, *args)
+        loop.call_soon_threadsafe(fn, *args, context=contextvars.Context())
     except RuntimeError:
         pass  # The loop is closed: the server is gone, and so is the client.
 
