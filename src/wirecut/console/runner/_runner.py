@@ -299,7 +299,10 @@ class ThreadPlacement:
 
     def _on_workers_done(self, exits: list[tuple[LocalCommand, float]]) -> None:
         for command, exited in exits:
-            self._on_worker_done(command, exited)
+            try:
+                self._on_worker_done(command, exited)
+            except Exception:  # A bug here must not keep the batch's others from their end.
+                _log.exception("command %s: handling its worker's exit failed", command.id)
 
     def _on_worker_done(self, command: LocalCommand, exited: float) -> None:
         assert command.future is not None
