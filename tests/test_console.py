@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -340,6 +341,37 @@ def test_a_completed_command_is_not_kept_by_the_server(tmp_path: Path) -> None:
         alive = [ref() for ref in refs if ref() is not None]
     assert [f["status"] for f in completes.values()] == ["cancelled", "ok", "ok"]
     assert alive == []
+
+
+def test_a_cut_chat_is_freed_at_its_complete_without_the_cycle_collector(
+    console: Console, client: ConsoleClient
+) -> None:
+    # Its record in a cycle (its worker's exception holds the frames it
+    # unwound through, one of which holds the record) left it and everything
+    # it reaches to the collector: about 100 objects a command, and full
+    # collections of tens of ms in the middle of a burst of cancels.
+    runner = console.server.state.runner
+    loop = runner.loop
+    id = client.run("chat tell me a long story")
+    client.wait_for(lambda f: f["type"] == "output" and f["id"] == id and f["stream"] == "token")
+
+    async def record() -> weakref.ref[Any]:
+        (command,) = [c for c in runner.live() if c.id == id]
+        return weakref.ref(command)
+
+    ref = asyncio.run_coroutine_threadsafe(record(), loop).result(10)
+    gc.disable()
+    try:
+        client.cancel(id)
+        assert client.complete(id)["status"] == "cancelled"
+        # Its worker thread drops its last local a moment after the exit it
+        # reported: nothing signals that, so this polls, with a deadline.
+        deadline = time.monotonic() + 10
+        while ref() is not None and time.monotonic() < deadline:
+            threading.Event().wait(0.001)
+        assert ref() is None
+    finally:
+        gc.enable()
 
 
 def test_workers_that_return_while_the_loop_is_busy_wake_it_once(tmp_path: Path) -> None:

@@ -476,6 +476,8 @@ class RunnerCore:
             command.timeout_handle.cancel()
         if command.output is not None:
             command.output.close()  # Sends what is left; drops anything later.
+            # Closed, it is of no more use; its emit names this record (a cycle).
+            command.output = None
         self._commands.discard(command)
         command.sink.complete(command, facts)
         to_complete = None
