@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -296,16 +296,18 @@ def test_a_cut_that_fails_in_a_cancel_all_still_cancels_every_other_command(
 
 
 @contextlib.contextmanager
-def gates_started(tmp_path: Path, ids: list[str]) -> Iterator[tuple[Any, Any, threading.Event]]:
+def gates_started(
+    tmp_path: Path, ids: list[str], **config: Any
+) -> Iterator[tuple[Any, Any, threading.Event]]:
     """A console running one started ``test-gate`` per id: (its runner, a client, the gate).
 
-    The gate is opened on the way out, whatever happened.
+    The gate is opened on the way out, whatever happened. ``config``: the console's.
     """
     opened = threading.Event()
     commands = builtin_commands().plus(gate_command(opened))
     try:
         with (
-            running_console(tmp_path, workers=len(ids), commands=commands) as running,
+            running_console(tmp_path, workers=len(ids), commands=commands, **config) as running,
             running.client() as c,
         ):
             for id in ids:
@@ -377,6 +379,35 @@ def test_a_cut_chat_is_freed_at_its_complete_without_the_cycle_collector(
         gc.enable()
 
 
+def open_gates_with_the_loop_held(
+    runner: Any, opened: threading.Event, then: Callable[[], None] = lambda: None
+) -> None:
+    """Open the gates while the runner's loop is held, until every worker has returned.
+
+    Their exits reach the loop as one batch. ``then`` runs on the loop, last.
+    """
+    busy = threading.Event()
+    returned = threading.Semaphore(0)
+
+    def hold_the_loop() -> None:
+        busy.set()
+        # Until every gate's worker has returned and said so (the loop reads
+        # nothing meanwhile: it is here).
+        for _ in live:
+            assert returned.acquire(timeout=10)
+        then()
+
+    live: list[Any] = []
+    runner.loop.call_soon_threadsafe(hold_the_loop)
+    assert busy.wait(10)
+    # Loop-owned, read while the loop is held. A done callback added now runs
+    # after the runner's, on the worker thread.
+    live.extend(runner.live())
+    for cmd in live:
+        cmd.future.add_done_callback(lambda _: returned.release())
+    opened.set()
+
+
 def test_workers_that_return_while_the_loop_is_busy_wake_it_once(tmp_path: Path) -> None:
     # Each wake-up from a worker is a write to the loop's self-pipe, which
     # lets go of the GIL: 64 cut workers returning at once were 64 turns the
@@ -384,7 +415,7 @@ def test_workers_that_return_while_the_loop_is_busy_wake_it_once(tmp_path: Path)
     ids = [f"g{k}" for k in range(8)]
     with gates_started(tmp_path, ids) as (runner, c, opened):
         loop = runner.loop
-        busy, counting = threading.Event(), threading.Event()
+        counting = threading.Event()
         wakeups: list[object] = []
         real = loop.call_soon_threadsafe
 
@@ -393,32 +424,42 @@ def test_workers_that_return_while_the_loop_is_busy_wake_it_once(tmp_path: Path)
                 wakeups.append(args[0])
             return real(*args, **kwargs)
 
-        returned = threading.Semaphore(0)
-
-        def hold_the_loop() -> None:
-            busy.set()
-            # Until every gate's worker has returned and said so (the loop
-            # reads nothing meanwhile: it is here).
-            for _ in ids:
-                assert returned.acquire(timeout=10)
-            counting.clear()
-
         loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
         try:
-            real(hold_the_loop)
-            assert busy.wait(10)
-            # Loop-owned, read while the loop is held. A done callback added
-            # now runs after the runner's, on the worker thread.
-            for cmd in runner.live():
-                cmd.future.add_done_callback(lambda _: returned.release())
             counting.set()
-            opened.set()
+            open_gates_with_the_loop_held(runner, opened, then=counting.clear)
             completes = {id: c.complete(id) for id in ids}
         finally:
             loop.call_soon_threadsafe = real  # type: ignore[method-assign]
     assert len(wakeups) == 1, wakeups  # one for the 8 workers that returned
     assert {id: f["status"] for id, f in completes.items()} == dict.fromkeys(ids, "ok")
     assert all(f["lifecycle"]["worker_exited"] for f in completes.values())
+
+
+def test_an_exit_that_fails_to_be_handled_does_not_hold_the_others_of_its_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wirecut.console.runner._runner import ThreadPlacement
+
+    real_done = ThreadPlacement._on_worker_done
+    failed: list[str] = []
+
+    def on_worker_done(self: ThreadPlacement, command: Any, exited: float) -> None:
+        if not failed:  # the first of the batch, whichever returned first
+            failed.append(command.id)
+            raise RuntimeError("a bug in handling this exit")
+        real_done(self, command, exited)
+
+    monkeypatch.setattr(ThreadPlacement, "_on_worker_done", on_worker_done)
+    ids = ["g0", "g1", "g2"]
+    with gates_started(tmp_path, ids, unwind_timeout=0.5) as (runner, c, opened):
+        open_gates_with_the_loop_held(runner, opened)
+        # One complete came: the batch was handled, the failed exit named.
+        c.wait_for(lambda f: f["type"] == "complete", 10)
+        others = [id for id in ids if id not in failed]
+        completes = {id: c.complete(id, 10) for id in others}
+    assert len(failed) == 1
+    assert {id: f["status"] for id, f in completes.items()} == dict.fromkeys(others, "ok")
 
 
 def test_a_worker_that_ignores_the_cut_is_reported_leaked_and_replaced(tmp_path: Path) -> None:
