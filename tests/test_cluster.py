@@ -330,6 +330,8 @@ def test_a_curator_consolidation_cancelled_on_the_second_node_leaves_the_store(
 def test_a_split_command_is_not_kept_after_its_complete(remote: Remote, second: str) -> None:
     # Its split's jobs hold the worker's token callback, which reaches the
     # command's scope: keyed by that scope, the entry kept its own key alive.
+    # And timers set in the worker's context (its model request's, its
+    # timeout's) kept the scope until their time, cancelled or not.
     runner = remote.server.state.runner
     with remote.client() as c:
         seed_notes(c)
