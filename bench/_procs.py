@@ -5,8 +5,9 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
-__all__ = ["Process", "percentile"]
+__all__ = ["Process", "percentile", "status_kib"]
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -15,6 +16,14 @@ def percentile(values: list[float], q: float) -> float | None:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
     return ordered[index]
+
+
+def status_kib(pid: int, field: str) -> int:
+    """A ``kB`` field of ``/proc/PID/status`` (``VmRSS``, ``VmHWM``), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(f"no {field} in /proc/{pid}/status")
 
 
 class Process:

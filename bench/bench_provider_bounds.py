@@ -34,6 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from _console import ConsoleClient
+from _procs import status_kib
 
 HERE = Path(__file__).resolve().parent.parent / "src"
 MiB = 1 << 20
@@ -100,13 +101,6 @@ class HostileProvider:
     def stop(self) -> None:
         self._stop.set()
         self._listener.close()
-
-
-def status_kib(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise KeyError(field)
 
 
 def run_case(src: Path, mode: str, body_mib: int, seconds: float) -> dict[str, Any]:

@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx
 
-from _procs import Process, percentile
+from _procs import Process, percentile, status_kib
 
 LITELLM = "litellm[proxy]==1.108.7"
 BOUND = 10.0
@@ -91,10 +91,8 @@ def rss_mib(pid: int) -> float:
     total = 0
     for each in _tree(pid):
         try:
-            for line in Path(f"/proc/{each}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except OSError:
+            total += status_kib(each, "VmRSS")
+        except (OSError, KeyError):  # gone meanwhile, or a zombie with no VmRSS
             continue
     return total / 1024
 

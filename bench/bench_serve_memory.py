@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _procs import Process
+from _procs import Process, status_kib
 from bench_console import ConsoleClient, _sim, burst
 
 N = 64
@@ -30,10 +30,7 @@ EVERY = 5
 
 
 def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+    return status_kib(pid, "VmRSS") / 1024
 
 
 def run(bursts: int, source: str | None) -> list[tuple[int, float]]:

@@ -41,7 +41,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from _procs import Process
+from _procs import Process, status_kib
 from _rawws import RawClient
 
 HERE = Path(__file__).resolve().parent
@@ -53,10 +53,7 @@ WAVE = 250
 
 
 def rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
+    return status_kib(pid, "VmRSS") * 1024
 
 
 class Server:
