@@ -3,7 +3,8 @@
 The mechanism with real threads, then through real sockets: a ``ChatClient``
 stream from the simulator held back while a burst is held, the worker of a
 scope cut before the burst began going on at once, and the console holding
-the burst for a cancel frame and letting go of it on its own loop.
+the burst for a cancel frame and letting go of it on its own loop, or as it
+stops.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from _console import running_console
+from wirecut.console.runner import _core
 from wirecut.provider import ChatClient, ChatResult
 from wirecut.scope import CancelBurst, InterruptScope, cancel_burst
 from wirecut.simulator import SimConfig, SimulatorServer
@@ -181,3 +183,21 @@ def test_a_cancel_frame_holds_the_burst_and_the_console_lets_go_of_it(tmp_path: 
         assert cancel_burst.begun == begun + 1
         # Its loop's timer ends it once no cancel came for a moment.
         until(lambda: not cancel_burst.under_way)
+
+
+def test_a_console_that_stops_during_a_burst_lets_go_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The quiet that ends a burst is a timer of the runner's loop, and a
+    # stopping console's loop ends: its shutdown lets go itself, or the
+    # process's burst would hold every scoped read of the process (each up
+    # to its bound) after the console is gone.
+    until(lambda: not cancel_burst.under_way)  # no runner of an earlier test kept it
+    monkeypatch.setattr(_core, "_BURST_QUIET", 60.0)  # only the shutdown can end it
+    with running_console(tmp_path, workers=2) as console, console.client() as client:
+        id = client.run("chat tell me a long story")
+        client.wait_output(id)
+        client.cancel(id)
+        assert client.complete(id)["status"] == "cancelled"
+        assert cancel_burst.under_way
+    assert not cancel_burst.under_way
