@@ -24,20 +24,12 @@ from pathlib import Path
 
 from playwright.sync_api import Locator, Page, expect, sync_playwright
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from _page import CHROMIUM, CHROMIUM_ARGS, run
 from wirecut.memory import NoteStore
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 WAIT_MS = 120_000
 NOTES = [
     ("Lyon trip", "Train to Lyon at 9:12 on Friday"),
@@ -46,16 +38,6 @@ NOTES = [
     ("Sourdough starter", "Feed the bread starter daily"),
     ("Guitar chords", "G, C, D, E minor"),
 ]
-
-
-def run(page: Page, line: str) -> Locator:
-    before = page.locator("article.cmd").count()
-    prompt = page.locator("#prompt")
-    prompt.fill(line)
-    prompt.press("Enter")
-    block = page.locator("article.cmd").nth(before)
-    expect(block.locator(".cmd-text")).to_have_text(line, timeout=WAIT_MS)
-    return block
 
 
 def ended(block: Locator) -> str:
@@ -112,9 +94,11 @@ def main() -> None:
                 expect(page.locator("#conn")).to_have_attribute(
                     "data-state", "connected", timeout=WAIT_MS
                 )
-                ended(run(page, "chat Write one sentence about cats."))
+                ended(run(page, "chat Write one sentence about cats.", WAIT_MS))
                 for _ in range(args.tries):
-                    story = run(page, "chat --new Tell me a long story about a lighthouse keeper.")
+                    story = run(
+                        page, "chat --new Tell me a long story about a lighthouse keeper.", WAIT_MS
+                    )
                     if streaming(page, story, chars=300) == "running":
                         story.locator(".cmd-cancel").click()
                         if ended(story) == "cancelled":
@@ -123,7 +107,7 @@ def main() -> None:
                     sys.exit(f"no story to cancel in {args.tries} tries")
                 dialog = page.locator("#confirm")
                 for _ in range(args.tries):
-                    block = run(page, "curator run --consolidate")
+                    block = run(page, "curator run --consolidate", WAIT_MS)
                     shown = page.wait_for_function(
                         """(id) => {
                             const d = document.getElementById("confirm");

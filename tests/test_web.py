@@ -26,21 +26,12 @@ import pytest
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
 from _console import Console, gate_command, running_console, wait_health
+from _page import CHROMIUM, CHROMIUM_ARGS, run
 from wirecut.console.commands import builtin_commands
 from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
 from wirecut.memory import NoteState, NoteStore
 from wirecut.simulator import SimConfig
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "screenshot.png"
 #: Set (to anything) to write the README's screenshot; else it goes to a temporary folder.
 SCREENSHOT_ENV = "WIRECUT_SCREENSHOT"
@@ -153,17 +144,6 @@ def open_console(page: Page, console: Console | ConsoleServer) -> None:
     server = console.server if isinstance(console, Console) else console
     page.goto(f"{server.url}?token={server.token}")
     expect(page.locator("#conn")).to_have_attribute("data-state", "connected", timeout=WAIT_MS)
-
-
-def run(page: Page, line: str) -> Locator:
-    """Type ``line`` at the prompt, press Enter; the new command's block (a Locator)."""
-    before = page.locator("article.cmd").count()
-    prompt = page.locator("#prompt")
-    prompt.fill(line)
-    prompt.press("Enter")
-    block = page.locator("article.cmd").nth(before)
-    expect(block.locator(".cmd-text")).to_have_text(line, timeout=WAIT_MS)
-    return block
 
 
 def expect_state(block: Locator, state: str) -> None:
