@@ -138,7 +138,7 @@ def console_burst(sim: Sim, client: ConsoleClient, n: int, rnd: int, scenario: s
     for id in ids:
         cancelled_at[id] = time.monotonic()
         client.cancel(id)
-    completes = {id: client.complete(id, 60) for id in ids}
+    completes = client.completes(ids, 60)
     closes = sim.closes(since, n, max(cancelled_at.values()))
     false = sum(
         1

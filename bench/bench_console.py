@@ -89,7 +89,7 @@ def burst(
         for id in ids:
             cancelled_at[id] = time.monotonic()
             client.cancel(id)
-    completes = {id: client.complete(id, 60) for id in ids}
+    completes = client.completes(ids, 60)
     closes = sim_closes(sim_root, since, n)
     token = console_url.split("token=")[1]
     health = httpx.get(console_url.split("?")[0] + "api/health", params={"token": token}).json()

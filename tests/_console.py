@@ -114,6 +114,14 @@ class ConsoleClient:
     def complete(self, id: str, timeout: float = 20) -> Frame:
         return _stamped(self._client.complete(id, timeout))
 
+    def completes(self, ids: list[str], timeout: float = 20) -> dict[str, Frame]:
+        """The ``complete`` of each of ``ids``; TimeoutError if one did not come in time."""
+        found = self._client.completes(set(ids), timeout)
+        missing = [id for id in ids if id not in found]
+        if missing:
+            raise TimeoutError(f"no complete for {missing} in {timeout} s")
+        return {id: _stamped(found[id]) for id in ids}
+
     def wait_output(self, id: str, timeout: float = 10) -> Frame:
         return self.wait_for(lambda f: f["type"] == "output" and f.get("id") == id, timeout)
 

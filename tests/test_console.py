@@ -232,6 +232,22 @@ def test_a_queued_command_cancelled_never_runs(tmp_path: Path) -> None:
     assert requests == 0
 
 
+def test_the_protocol_client_finds_each_complete_by_id_and_names_one_that_never_came(
+    console: Console, client: ConsoleClient
+) -> None:
+    # The proof tools and the benchmarks time each complete by the moment the
+    # client read it; their waits find it by id, before or after it came.
+    early = client.run("sleep 0", id="early")
+    client.complete(early)
+    late = client.run("sleep 0.2", id="late")
+    found = client.completes([early, late])
+    assert [found[id]["id"] for id in (early, late)] == [early, late]
+    assert all(frame["type"] == "complete" for frame in found.values())
+    assert client.complete(late) == found[late]
+    with pytest.raises(TimeoutError, match="'never'"):
+        client._client.complete("never", 0.1)
+
+
 def test_cancel_racing_run_gives_each_id_exactly_one_complete(
     console: Console, client: ConsoleClient
 ) -> None:

@@ -76,10 +76,14 @@ class ConsoleClient:
         self.ws: ClientConnection = self._stack.enter_context(
             connect(url, open_timeout=open_timeout, **connect_kwargs)
         )
-        # Guards _received, _by_id and _closed; wakes every wait on each frame.
+        # Guards _received, _by_id, _completes and _closed; wakes every wait on each frame.
         self._cond = threading.Condition()
         self._received: list[Received] = []
         self._by_id: defaultdict[str | None, list[Received]] = defaultdict(list)
+        # The complete of each id: found without reading the frames again, which
+        # a burst's waits did under the lock that the reader needs for each frame
+        # (thousands of output frames, 64 waits), delaying the frames they timed.
+        self._completes: dict[str | None, Received] = {}
         self._closed: BaseException | None = None
         self._ids = itertools.count(1)
         self._reader = threading.Thread(target=self._read, name="wirecut-console-ws", daemon=True)
@@ -98,6 +102,8 @@ class ConsoleClient:
                 with self._cond:
                     self._received.append(item)
                     self._by_id[frame.get("id")].append(item)
+                    if frame.get("type") == "complete":
+                        self._completes.setdefault(frame.get("id"), item)
                     self._cond.notify_all()
         except Exception as exc:
             with self._cond:
@@ -150,20 +156,25 @@ class ConsoleClient:
                 self._cond.wait(remaining)
 
     def complete(self, id: str, timeout: float) -> Received:
-        """Wait for the ``complete`` frame of ``id``."""
-        return self.wait_for(lambda f: f["type"] == "complete" and f.get("id") == id, timeout)
+        """Wait for the ``complete`` frame of ``id``.
+
+        Raises TimeoutError after ``timeout`` seconds or once the connection
+        closed without it, naming why and the last frames seen.
+        """
+        found = self.completes({id}, timeout)
+        if id in found:
+            return found[id]
+        with self._cond:
+            why = "timed out" if self._closed is None else repr(self._closed)
+            last = [r.frame for r in self._received[-5:]]
+        raise TimeoutError(f"no complete for {id!r} ({why}); last: {last}")
 
     def completes(self, ids: set[str], timeout: float) -> dict[str, Received]:
         """Wait for the ``complete`` of each of ``ids``; return those that came in time."""
         deadline = time.monotonic() + timeout
-        found: dict[str, Received] = {}
         with self._cond:
             while True:
-                for id in ids - found.keys():
-                    for item in self._by_id.get(id, ()):
-                        if item.frame["type"] == "complete":
-                            found[id] = item
-                            break
+                found = {id: self._completes[id] for id in ids if id in self._completes}
                 remaining = deadline - time.monotonic()
                 if len(found) == len(ids) or self._closed is not None or remaining <= 0:
                     return found
