@@ -43,7 +43,7 @@ def bench_run(
         ],
         capture_output=True,
         text=True,
-        timeout=55,
+        timeout=120,
         check=False,
     )
     return run, out

@@ -50,8 +50,9 @@ from wirecut import __version__
 from wirecut.proof._console_client import ConsoleClient
 from wirecut.proof._naive import AnyioHost, BaselineJob, ExecutorHost, openai_job, plain_job
 from wirecut.proof._seed import seed_notes
+from wirecut.proof._sim_process import SimProcess
 from wirecut.proof._sim_watch import ProviderSide, provider_side, wait_decoding
-from wirecut.simulator import SimConfig, SimulatorServer
+from wirecut.simulator import SimConfig
 
 if TYPE_CHECKING:
     from wirecut.console.commands import CommandSet
@@ -264,7 +265,7 @@ def _line(scenario: str, index: int) -> str:
 
 
 @contextlib.contextmanager
-def _console(sim: SimulatorServer, data_dir: Path, workers: int) -> Iterator[str]:
+def _console(sim: SimProcess, data_dir: Path, workers: int) -> Iterator[str]:
     from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
 
     config = ConsoleConfig(
@@ -275,7 +276,7 @@ def _console(sim: SimulatorServer, data_dir: Path, workers: int) -> Iterator[str
         yield console.ws_url
 
 
-def _received_since(sim: SimulatorServer, since: int) -> list[str]:
+def _received_since(sim: SimProcess, since: int) -> list[str]:
     return [
         ev.request_id
         for ev in sim.events(since)
@@ -283,9 +284,9 @@ def _received_since(sim: SimulatorServer, since: int) -> list[str]:
     ]
 
 
-def _wirecut_batch(url: str, sim: SimulatorServer, scenario: str, n: int, window: float) -> _Batch:
+def _wirecut_batch(url: str, sim: SimProcess, scenario: str, n: int, window: float) -> _Batch:
     with ConsoleClient(url) as client:
-        since = sim.simulator.event_log.next_seq
+        since = sim.next_seq()
         ids = {client.run(_line(scenario, i)) for i in range(n)}
         wait_decoding(sim, n, since, START_BOUND)
         cancelled_at = client.cancel()
@@ -317,7 +318,7 @@ def _baseline_jobs(
 def _baseline_batch(
     system: str, settings: BenchSettings, scenario: str, n: int, data_dir: Path
 ) -> _Batch:
-    sim = SimulatorServer(settings.sim)
+    sim = SimProcess(settings.sim)
     sim.start()
     host: ExecutorHost | AnyioHost
     if system == "anyio-abandon":
@@ -326,7 +327,7 @@ def _baseline_batch(
         host = ExecutorHost(n, close_clients=system == "openai-close")
     jobs = _baseline_jobs(system, scenario, n, sim.base_url, settings.sim.model, data_dir)
     try:
-        since = sim.simulator.event_log.next_seq
+        since = sim.next_seq()
         host.start(jobs)
         wait_decoding(sim, n, since, START_BOUND)
         cancelled_at = host.cancel_all()
@@ -445,7 +446,7 @@ def run_bench(
         data_dir = Path(tmp)
         seed_notes(data_dir)
         on_batch("console: memory per command, `sleep 0` throughput")
-        with SimulatorServer(settings.sim) as sim, _console(sim, data_dir, workers) as url:
+        with SimProcess(settings.sim) as sim, _console(sim, data_dir, workers) as url:
             # First, while the process is fresh (see _memory_per_command).
             resident, heap = _memory_per_command(url, workers)
             report.console = {
@@ -459,7 +460,7 @@ def run_bench(
         for system, scenario, n, batches in plan(settings):
             row = Row(system, scenario, n)
             if system == "wirecut":
-                with SimulatorServer(settings.sim) as sim, _console(sim, data_dir, workers) as url:
+                with SimProcess(settings.sim) as sim, _console(sim, data_dir, workers) as url:
                     for i in range(batches):
                         on_batch(f"{system} {scenario} x{n} ({i + 1}/{batches})")
                         row.add(_wirecut_batch(url, sim, scenario, n, settings.window))

@@ -1,23 +1,37 @@
 """Reading the simulator's event log for the proof tools: who decoded, who closed, when.
 
 The simulator (``wirecut.simulator``) logs every request's life with
-``time.monotonic()`` stamps taken in this same process, so a client-side
-cancel time and the simulator's ``t_disconnect`` (the moment its server saw
-the peer close) can be subtracted. Every wait here is bounded and wakes on
-the event log's condition; none polls.
+``time.monotonic()`` stamps (CLOCK_MONOTONIC, one clock for every process of
+the machine), so a client-side cancel time and the simulator's
+``t_disconnect`` (the moment its server saw the peer close) can be
+subtracted. The log is read in this process (``SimulatorServer``: its waits
+wake on the log's condition) or over HTTP from the simulator's own process
+(``SimProcess``: its waits poll). Every wait here is bounded.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-from wirecut.simulator import EventKind, SimEvent, SimulatorServer
+from wirecut.simulator import EventKind, SimEvent
 
-__all__ = ["ProviderSide", "provider_side", "wait_decoding"]
+__all__ = ["EventSource", "ProviderSide", "provider_side", "wait_decoding"]
 
 
-def wait_decoding(sim: SimulatorServer, count: int, since: int, timeout: float) -> list[str]:
+class EventSource(Protocol):
+    """A simulator's event log: ``SimulatorServer``, or ``SimProcess`` for another process."""
+
+    def events(self, since: int = 0) -> list[SimEvent]: ...
+
+    def wait_for(
+        self, match: Callable[[SimEvent], bool], /, *, timeout: float, since: int = 0
+    ) -> SimEvent: ...
+
+
+def wait_decoding(sim: EventSource, count: int, since: int, timeout: float) -> list[str]:
     """Wait until ``count`` requests received after ``since`` produced their first token.
 
     Returns their request ids, in the order they started decoding. Raises
@@ -66,7 +80,7 @@ class ProviderSide:
 
 
 def provider_side(
-    sim: SimulatorServer,
+    sim: EventSource,
     request_ids: list[str],
     since: int,
     cancelled_at: float,

@@ -1,0 +1,206 @@
+"""The simulator in a process of its own: a provider must not share the GIL it is timed against.
+
+``wirecut bench`` times when the provider saw a cut request's close
+(``t_disconnect``). A simulator running in the bench's own process gets to
+the close only when it gets the GIL, after the 64 workers a burst woke have
+unwound: every close of a batch then came at once, 20 to 50 ms after the
+cancel, though the sockets were shut in the first few milliseconds. A real
+provider (llama.cpp, vLLM) is a process of its own; so is this one.
+
+``SimProcess`` runs ``python -m wirecut provider`` with a ``SimConfig``'s
+settings and reads its event log over ``GET /sim/events`` (the stamps are
+``time.monotonic()``, CLOCK_MONOTONIC: one clock for every process of the
+machine, so they subtract from this process's). Its waits poll, with a
+cursor, every ``POLL`` seconds: another process's log has no condition to
+wait on.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import IO
+
+import httpx
+
+from wirecut.simulator import EventKind, SimConfig, SimEvent
+
+__all__ = ["POLL", "SimProcess"]
+
+#: Seconds between two readings of the event log while waiting.
+POLL = 0.01
+#: Seconds the simulator may take to listen.
+START_TIMEOUT = 30.0
+#: Seconds ``stop`` waits after SIGTERM before it kills.
+STOP_TIMEOUT = 5.0
+
+
+class SimProcess:
+    """``wirecut provider`` in a child process, with ``config``'s settings; a context manager.
+
+    Offers the part of ``SimulatorServer`` that the proof tools read:
+    ``base_url``, ``events(since)``, ``wait_for(match, timeout=, since=)``,
+    and ``next_seq()``. ``config.model`` must be the simulator's default
+    (the command line does not set it).
+    """
+
+    def __init__(self, config: SimConfig) -> None:
+        default = SimConfig().model
+        if config.model != default:
+            raise ValueError(f"a simulator process serves {default!r}, not {config.model!r}")
+        self.config = config
+        self._proc: subprocess.Popen[str] | None = None
+        self._url: str | None = None
+        self._stderr: collections.deque[str] = collections.deque(maxlen=20)
+        self._readers: list[threading.Thread] = []
+        self._http = httpx.Client(timeout=10.0)
+
+    def argv(self) -> list[str]:
+        """The command line that runs this simulator."""
+        cfg = self.config
+        argv = [sys.executable, "-m", "wirecut", "provider", "--port", "0"]
+        argv += ["--slots", str(cfg.slots), "--tokens-per-second", repr(cfg.tokens_per_second)]
+        argv += ["--prompt-ms", repr(cfg.prompt_ms), "--reply-tokens", str(cfg.reply_tokens)]
+        if cfg.prompt_tokens_per_second is not None:
+            argv += ["--prompt-tokens-per-second", repr(cfg.prompt_tokens_per_second)]
+            argv += ["--prompt-batch", str(cfg.prompt_batch)]
+        if cfg.endless:
+            argv.append("--endless")
+        return argv
+
+    def start(self, timeout: float = START_TIMEOUT) -> SimProcess:
+        """Run the simulator; return once it listens. RuntimeError (with its stderr) if not."""
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self._proc = proc = subprocess.Popen(
+            self.argv(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        lines: queue.Queue[str] = queue.Queue()
+        self._readers = [
+            _drain(proc.stdout, lines.put),  # "" at the end: the child exited
+            _drain(proc.stderr, self._stderr.append),
+        ]
+        try:
+            line = lines.get(timeout=timeout)
+        except queue.Empty:
+            line = ""
+        # "wirecut provider: http://127.0.0.1:PORT/v1 (slots=…)"
+        url = line.partition(": ")[2].split(" ")[0]
+        if not url.startswith("http://"):
+            code = proc.poll()
+            self.stop()  # and all it said is read
+            said = " ".join(line.strip() for line in self._stderr if line.strip()) or "-"
+            if code is not None:
+                raise RuntimeError(f"the simulator exited ({code}) before it listened: {said}")
+            raise RuntimeError(f"the simulator did not listen within {timeout} s: {said}")
+        self._url = url
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        """The simulator's process id while it runs."""
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT/v1``: what an OpenAI client takes."""
+        if self._url is None:
+            raise RuntimeError("the simulator process is not running (call start())")
+        return self._url
+
+    def events(self, since: int = 0) -> list[SimEvent]:
+        """The event log from ``seq`` ``since`` on, oldest first."""
+        root = self.base_url.removesuffix("/v1")
+        response = self._http.get(f"{root}/sim/events", params={"since": since})
+        response.raise_for_status()
+        return [_event(item) for item in response.json()]
+
+    def next_seq(self) -> int:
+        """The ``seq`` the next event will have."""
+        events = self.events(0)
+        return events[-1].seq + 1 if events else 0
+
+    def wait_for(
+        self, match: Callable[[SimEvent], bool], /, *, timeout: float, since: int = 0
+    ) -> SimEvent:
+        """The first event from ``since`` on that ``match``es; TimeoutError after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        cursor = since
+        while True:
+            for event in self.events(cursor):
+                if match(event):
+                    return event
+                cursor = event.seq + 1
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no matching simulator event within {timeout} s")
+            time.sleep(min(POLL, remaining))
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after ``STOP_TIMEOUT``; reaps the child. Idempotent."""
+        self._http.close()
+        proc, self._proc = self._proc, None
+        self._url = None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for reader in self._readers:
+            reader.join(STOP_TIMEOUT)  # at the pipes' end now that the child is gone
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+    def __enter__(self) -> SimProcess:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _event(item: dict[str, object]) -> SimEvent:
+    request_id = item["request_id"]
+    detail = item["detail"]
+    return SimEvent(
+        seq=int(item["seq"]),  # type: ignore[call-overload]
+        t=float(item["t"]),  # type: ignore[arg-type]
+        kind=EventKind(str(item["kind"])),
+        request_id=request_id if isinstance(request_id, str) else None,
+        detail=detail if isinstance(detail, dict) else {},
+    )
+
+
+def _drain(stream: IO[str], put: Callable[[str], None]) -> threading.Thread:
+    """Read ``stream`` to its end on a daemon thread, handing each line, then "", to ``put``."""
+
+    def read() -> None:
+        for line in stream:
+            put(line)
+        put("")
+
+    thread = threading.Thread(target=read, name="wirecut-sim-output", daemon=True)
+    thread.start()
+    return thread
