@@ -53,6 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from _console import ConsoleClient
 from _procs import Process, percentile
 from _ray_cluster import WORKER_IP, RayCluster
+from wirecut.proof._sim_process import SimProcess
+from wirecut.simulator import SimConfig
 
 CONCURRENCY = (1, 16, 64)
 #: How long after a cancel a provider close still counts as seen, in seconds.
@@ -64,40 +66,20 @@ BASELINE_MAX_TOKENS = 150
 
 
 class Sim:
-    """The simulator as a process, and its event log over HTTP."""
+    """The simulator as a process (``SimProcess``), and counts read from its event log."""
 
     def __init__(self, prompt_ms: int) -> None:
-        self.process = Process(
-            "provider",
-            "--port",
-            "0",
-            "--slots",
-            "256",
-            "--endless",
-            "--tokens-per-second",
-            "50",
-            "--prompt-ms",
-            str(prompt_ms),
-        )
+        config = SimConfig(slots=256, endless=True, tokens_per_second=50, prompt_ms=prompt_ms)
+        self.process = SimProcess(config).start()
         self.prompt_s = prompt_ms / 1000
-        self.base_url = self.process.url
-        self.root = self.base_url.removesuffix("/v1")
-
-    def events(self, since: int) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = httpx.get(
-            f"{self.root}/sim/events", params={"since": since}
-        ).json()
-        return result
-
-    def next_seq(self) -> int:
-        events = self.events(0)
-        return int(events[-1]["seq"]) + 1 if events else 0
+        self.base_url = self.process.base_url
+        self.next_seq = self.process.next_seq
 
     def wait_count(self, kind: str, since: int, count: int, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
-        while sum(1 for e in self.events(since) if e["kind"] == kind) < count:
+        while sum(1 for e in self.process.events(since) if e.kind == kind) < count:
             if time.monotonic() > deadline:
-                kinds = [e["kind"] for e in self.events(since)]
+                kinds = [str(e.kind) for e in self.process.events(since)]
                 raise TimeoutError(f"fewer than {count} {kind} events: {kinds}")
             time.sleep(0.02)
 
@@ -110,11 +92,13 @@ class Sim:
         """
         deadline = after + WINDOW + self.prompt_s + 5
         while True:
-            events = self.events(since)
-            ended = sum(1 for e in events if e["kind"] == "request_finished")
+            events = self.process.events(since)
+            ended = sum(1 for e in events if e.kind == "request_finished")
             if ended >= count or time.monotonic() > deadline:
                 found = sorted(
-                    e["detail"]["t_disconnect"] for e in events if e["kind"] == "peer_closed"
+                    float(e.detail["t_disconnect"])  # type: ignore[arg-type]
+                    for e in events
+                    if e.kind == "peer_closed"
                 )
                 return [t for t in found if t <= after + WINDOW][:count]
             time.sleep(0.05)
