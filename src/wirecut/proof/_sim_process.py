@@ -60,7 +60,7 @@ class SimProcess:
         self._url: str | None = None
         self._stderr: collections.deque[str] = collections.deque(maxlen=20)
         self._readers: list[threading.Thread] = []
-        self._http = httpx.Client(timeout=10.0)
+        self._http: httpx.Client | None = None
 
     def argv(self) -> list[str]:
         """The command line that runs this simulator."""
@@ -97,6 +97,9 @@ class SimProcess:
             line = lines.get(timeout=timeout)
         except queue.Empty:
             line = ""
+        except BaseException:  # Ctrl+C while it starts: no child left behind
+            self.stop()
+            raise
         # "wirecut provider: http://127.0.0.1:PORT/v1 (slots=…)"
         url = line.partition(": ")[2].split(" ")[0]
         if not url.startswith("http://"):
@@ -107,6 +110,7 @@ class SimProcess:
                 raise RuntimeError(f"the simulator exited ({code}) before it listened: {said}")
             raise RuntimeError(f"the simulator did not listen within {timeout} s: {said}")
         self._url = url
+        self._http = httpx.Client(timeout=10.0)
         return self
 
     @property
@@ -124,6 +128,7 @@ class SimProcess:
     def events(self, since: int = 0) -> list[SimEvent]:
         """The event log from ``seq`` ``since`` on, oldest first."""
         root = self.base_url.removesuffix("/v1")
+        assert self._http is not None  # made with the URL
         response = self._http.get(f"{root}/sim/events", params={"since": since})
         response.raise_for_status()
         return [_event(item) for item in response.json()]
@@ -151,7 +156,9 @@ class SimProcess:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after ``STOP_TIMEOUT``; reaps the child. Idempotent."""
-        self._http.close()
+        http, self._http = self._http, None
+        if http is not None:
+            http.close()
         proc, self._proc = self._proc, None
         self._url = None
         if proc is None:
