@@ -30,7 +30,7 @@ from typing import IO
 
 import httpx
 
-from wirecut.simulator import EventKind, SimConfig, SimEvent
+from wirecut.simulator import SimConfig, SimEvent
 
 __all__ = ["POLL", "SimProcess"]
 
@@ -131,7 +131,7 @@ class SimProcess:
         assert self._http is not None  # made with the URL
         response = self._http.get(f"{root}/sim/events", params={"since": since})
         response.raise_for_status()
-        return [_event(item) for item in response.json()]
+        return [SimEvent.from_json(item) for item in response.json()]
 
     def next_seq(self) -> int:
         """The ``seq`` the next event will have."""
@@ -186,18 +186,6 @@ class SimProcess:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def _event(item: dict[str, object]) -> SimEvent:
-    request_id = item["request_id"]
-    detail = item["detail"]
-    return SimEvent(
-        seq=int(item["seq"]),  # type: ignore[call-overload]
-        t=float(item["t"]),  # type: ignore[arg-type]
-        kind=EventKind(str(item["kind"])),
-        request_id=request_id if isinstance(request_id, str) else None,
-        detail=detail if isinstance(detail, dict) else {},
-    )
 
 
 def _drain(stream: IO[str], put: Callable[[str], None]) -> threading.Thread:

@@ -69,6 +69,20 @@ class SimEvent:
             "detail": dict(self.detail),
         }
 
+    @classmethod
+    def from_json(cls, item: Mapping[str, object]) -> SimEvent:
+        """An event read back from ``GET /sim/events`` (another process's log)."""
+        seq, t, request_id, detail = item["seq"], item["t"], item["request_id"], item["detail"]
+        if not isinstance(seq, int) or not isinstance(t, int | float):
+            raise ValueError(f"not a simulator event: {item!r}")
+        return cls(
+            seq=seq,
+            t=float(t),
+            kind=EventKind(str(item["kind"])),
+            request_id=request_id if isinstance(request_id, str) else None,
+            detail=detail if isinstance(detail, Mapping) else {},
+        )
+
 
 class EventLog:
     """A thread-safe, bounded, append-only list of ``SimEvent``.
