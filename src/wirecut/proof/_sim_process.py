@@ -172,9 +172,11 @@ class SimProcess:
                 proc.wait()
         for reader in self._readers:
             reader.join(STOP_TIMEOUT)  # at the pipes' end now that the child is gone
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+        if not any(reader.is_alive() for reader in self._readers):
+            # Closing a pipe a reader still blocks on would block here too.
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
 
     def __enter__(self) -> SimProcess:
         return self.start()
