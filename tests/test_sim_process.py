@@ -52,7 +52,9 @@ def test_a_close_the_child_saw_is_stamped_on_this_processes_clock() -> None:
     with SimProcess(config) as sim, httpx.Client(timeout=BOUND) as client:
         since = sim.next_seq()
         with client.stream("POST", sim.base_url + "/chat/completions", json=_chat(True)) as r:
-            next(r.iter_raw())  # streaming
+            # Held: a dropped iterator would close the response as it is collected.
+            chunks = r.iter_raw()
+            next(chunks)  # streaming
             closed_here = time.monotonic()
         # Leaving the block closed the response's connection.
         closed = sim.wait_for(
