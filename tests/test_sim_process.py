@@ -1,19 +1,24 @@
 """The simulator in a process of its own (``wirecut bench``'s provider), read over HTTP.
 
 A real child process and real sockets: what it logs reaches this process, a
-close it saw is stamped on this process's clock, it is reaped on stop, and a
-simulator that cannot start says why in one line.
+close it saw is stamped on this process's clock, it is reaped on stop, it
+does not outlive a parent killed with SIGKILL, and a simulator that cannot
+start says why in one line.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from test_orphans import wait_gone
 from wirecut.proof._sim_process import SimProcess
 from wirecut.simulator import EventKind, SimConfig, SimEvent
 
@@ -89,3 +94,37 @@ def test_a_simulator_that_cannot_start_says_why_and_leaves_no_child(
 def test_a_model_the_command_line_cannot_set_is_refused() -> None:
     with pytest.raises(ValueError, match="serves 'wirecut-sim', not 'other'"):
         SimProcess(SimConfig(model="other"))
+
+
+#: A bench in miniature: it starts a simulator process, says its pid, and waits.
+_PARENT = """
+import sys
+from wirecut.proof._sim_process import SimProcess
+from wirecut.simulator import SimConfig
+sim = SimProcess(SimConfig()).start()
+print(sim.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_simulator_does_not_outlive_a_parent_killed_with_sigkill() -> None:
+    child = None
+    with subprocess.Popen(
+        [sys.executable, "-c", _PARENT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as parent:
+        try:
+            assert parent.stdout is not None
+            child = int(parent.stdout.readline())
+            assert Path(f"/proc/{child}").exists()
+            # SIGKILL: the parent runs no cleanup at all, so no stop() ever comes.
+            parent.send_signal(signal.SIGKILL)
+            assert parent.wait(BOUND) == -signal.SIGKILL
+            assert wait_gone({child}) == set()
+        finally:
+            if parent.poll() is None:
+                parent.kill()
+            if child is not None and wait_gone({child}, 0):
+                os.kill(child, signal.SIGKILL)

@@ -13,6 +13,10 @@ settings and reads its event log over ``GET /sim/events`` (the stamps are
 machine, so they subtract from this process's). Its waits poll, with a
 cursor, every ``POLL`` seconds: another process's log has no condition to
 wait on.
+
+The child leads a session of its own and is watched by the scope's group
+reaper: a bench killed with SIGKILL (or a terminal's Ctrl+C that reaches the
+bench only) takes the simulator with it instead of leaving it listening.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import IO
 
 import httpx
 
+from wirecut.scope import unwatch_group, watch_group
 from wirecut.simulator import SimConfig, SimEvent
 
 __all__ = ["POLL", "SimProcess"]
@@ -85,7 +90,10 @@ class SimProcess:
             stderr=subprocess.PIPE,
             text=True,
             env=env,
+            # Its own group, which the reaper kills if this process dies first.
+            start_new_session=True,
         )
+        watch_group(proc.pid)
         assert proc.stdout is not None
         assert proc.stderr is not None
         lines: queue.Queue[str] = queue.Queue()
@@ -170,6 +178,7 @@ class SimProcess:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        unwatch_group(proc.pid)  # Reaped: nothing left for the reaper.
         for reader in self._readers:
             reader.join(STOP_TIMEOUT)  # at the pipes' end now that the child is gone
         if not any(reader.is_alive() for reader in self._readers):
