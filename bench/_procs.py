@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["Process", "percentile", "status_kib"]
+__all__ = ["Process", "cpu_ms", "percentile", "status_kib"]
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -24,6 +24,26 @@ def status_kib(pid: int, field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise KeyError(f"no {field} in /proc/{pid}/status")
+
+
+def cpu_ms(pid: int) -> tuple[float, float]:
+    """CPU time ``pid`` has run, in ms: all its threads, and its main thread alone.
+
+    From ``/proc/PID/task/*/schedstat`` (nanoseconds on a CPU, per thread):
+    the ticks of ``/proc/PID/stat`` are 10 ms, as long as a burst. A thread
+    that ended is no longer listed, so read it around work whose threads stay
+    (a worker pool).
+    """
+    total = main = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            ran = int((task / "schedstat").read_text().split()[0]) / 1e6
+        except (OSError, IndexError, ValueError):
+            continue  # ended meanwhile
+        total += ran
+        if task.name == str(pid):
+            main = ran
+    return total, main
 
 
 class Process:

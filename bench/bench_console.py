@@ -12,7 +12,11 @@ in one burst, and measures:
   ``time.monotonic()`` is CLOCK_MONOTONIC, one clock for every process of
   the machine). The k-th cancel of a burst is paired with the k-th close the
   simulator saw;
-- workers leaked (``/api/health`` after each burst).
+- workers leaked (``/api/health`` after each burst);
+- the CPU the console ran from the first cancel to the last ``complete``
+  (``/proc/PID/task/*/schedstat``), on all its threads and on the event loop
+  alone, beside that burst's wall time: a burst whose CPU is its wall time
+  is bound by the one GIL, not by a wait.
 
 A row "64, one cancel-all" sends a single ``cancel`` frame without an id for
 the 64 commands (the console cuts them all in one pass) and measures the same
@@ -22,7 +26,8 @@ A last row, "64, library alone", is the floor on this machine: no console,
 no agent, no WebSocket. In this process, 64 ``ChatClient`` streams from the
 same simulator, each on a thread of its own ``InterruptScope``, are cancelled
 by one loop of ``scope.cancel()`` under a long thread switch interval (as the
-console cuts a burst); "complete" there is the worker thread having returned.
+console cuts a burst); "complete" there is the worker thread having returned,
+and its CPU is this whole process's from the first cut to the last return.
 
 Three processes, as in a deployment: the simulator (``wirecut provider``),
 the console (``wirecut serve``) and this client. The simulator is itself a
@@ -40,6 +45,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import resource
 import statistics
 import sys
 import tempfile
@@ -53,7 +59,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from _console import ConsoleClient
-from _procs import Process, percentile
+from _procs import Process, cpu_ms, percentile
 from wirecut.provider import ChatClient
 from wirecut.scope import InterruptScope
 
@@ -77,7 +83,7 @@ def next_seq(sim_root: str) -> int:
 
 
 def burst(
-    console_url: str, sim_root: str, client: ConsoleClient, n: int, rnd: int, at_once: bool
+    console: Process, sim_root: str, client: ConsoleClient, n: int, rnd: int, at_once: bool
 ) -> dict[str, Any]:
     since = next_seq(sim_root)
     ids = [client.run("chat tell me everything", id=f"b{rnd}-{k}") for k in range(n)]
@@ -89,6 +95,7 @@ def burst(
     # and the complete it reads.
     gc.collect()
     gc.disable()
+    cpu_before = cpu_ms(console.proc.pid)
     try:
         if at_once:
             sent = time.monotonic()
@@ -99,12 +106,18 @@ def burst(
                 cancelled_at[id] = time.monotonic()
                 client.cancel(id)
         completes = client.completes(ids, 60)
+        cpu_after = cpu_ms(console.proc.pid)
     finally:
         gc.enable()
+    first_cancel = min(cancelled_at.values())
+    last_complete = max(complete["_received"] for complete in completes.values())
     closes = sim_closes(sim_root, since, n)
-    token = console_url.split("token=")[1]
-    health = httpx.get(console_url.split("?")[0] + "api/health", params={"token": token}).json()
+    token = console.url.split("token=")[1]
+    health = httpx.get(console.url.split("?")[0] + "api/health", params={"token": token}).json()
     return {
+        "wall": (last_complete - first_cancel) * 1000,
+        "cpu": cpu_after[0] - cpu_before[0],
+        "loop_cpu": cpu_after[1] - cpu_before[1],
         "to_complete": [(completes[id]["_received"] - cancelled_at[id]) * 1000 for id in ids],
         "to_close": [
             (close - cancelled_at[id]) * 1000 for close, id in zip(closes, ids, strict=False)
@@ -122,6 +135,11 @@ def library_burst(sim_url: str, sim_root: str, n: int) -> dict[str, Any]:
     returned = [0.0] * n
     clients = [ChatClient(sim_url, model="sim", max_retries=0) for _ in range(n)]
     scopes = [InterruptScope(f"library-{k}") for k in range(n)]
+    # The process's CPU when the last worker returned (its threads end, so
+    # not schedstat: getrusage counts the threads that ended too).
+    lock = threading.Lock()
+    running = [n]
+    cpu_at_end: list[float] = []
 
     def work(k: int) -> None:
         try:
@@ -129,6 +147,10 @@ def library_burst(sim_url: str, sim_root: str, n: int) -> dict[str, Any]:
             clients[k].chat(messages, on_token=lambda _: streaming[k].set())
         finally:
             returned[k] = time.monotonic()
+            with lock:
+                running[0] -= 1
+                if running[0] == 0:
+                    cpu_at_end.append(_process_cpu_ms())
 
     futures = [scope.spawn(work, k) for k, scope in enumerate(scopes)]
     for event in streaming:
@@ -136,6 +158,7 @@ def library_burst(sim_url: str, sim_root: str, n: int) -> dict[str, Any]:
     before = sys.getswitchinterval()
     sys.setswitchinterval(0.02)  # no woken worker takes the GIL before the last cut
     try:
+        cpu_before = _process_cpu_ms()
         sent = time.monotonic()
         for scope in scopes:
             scope.cancel("bench")
@@ -149,12 +172,20 @@ def library_burst(sim_url: str, sim_root: str, n: int) -> dict[str, Any]:
         client.close()
     closes = sim_closes(sim_root, since, n)
     return {
+        "wall": (max(returned) - sent) * 1000,
+        "cpu": cpu_at_end[0] - cpu_before,
+        "loop_cpu": None,
         "to_complete": [(at - sent) * 1000 for at in returned],
         "to_close": [(close - sent) * 1000 for close in closes],
         "never": n - len(closes),
         "exited": exited,
         "leaked": n - exited,
     }
+
+
+def _process_cpu_ms() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return (usage.ru_utime + usage.ru_stime) * 1000
 
 
 def _sim(n: int) -> Process:
@@ -186,6 +217,13 @@ def _row(label: str, trials: int, results: list[dict[str, Any]]) -> dict[str, An
         # slowest samples (its p99) can all be one burst's; each burst's last too.
         "burst_last_complete": sorted(max(result["to_complete"]) for result in results),
         "burst_last_close": sorted(max(result["to_close"], default=0.0) for result in results),
+        "burst_wall": statistics.median(result["wall"] for result in results),
+        "burst_cpu": statistics.median(result["cpu"] for result in results),
+        "burst_loop_cpu": (
+            None
+            if results[0]["loop_cpu"] is None
+            else statistics.median(result["loop_cpu"] for result in results)
+        ),
         "never": sum(result["never"] for result in results),
         "worker_exited": sum(result["exited"] for result in results),
         "leaked": max(result["leaked"] for result in results),
@@ -217,7 +255,7 @@ def run(samples: int) -> list[dict[str, Any]]:
             try:
                 with ConsoleClient(ws_url) as client:
                     for rnd in range(rounds):
-                        results.append(burst(console.url, sim_root, client, n, rnd, at_once))
+                        results.append(burst(console, sim_root, client, n, rnd, at_once))
             finally:
                 console.stop()
                 sim.stop()
@@ -263,6 +301,18 @@ def main() -> None:
             f"| {row['concurrency']} | {len(last_complete)} "
             f"| {statistics.median(last_complete):.2f} / {last_complete[-1]:.2f} ms "
             f"| {statistics.median(last_close):.2f} / {last_close[-1]:.2f} ms |"
+        )
+    print()
+    print(
+        "| commands at once | first cancel -> last complete, median burst "
+        "| CPU the console ran meanwhile (library: its process) | of it, the event loop |"
+    )
+    print("|---|---|---|---|")
+    for row in rows:
+        loop_cpu = row["burst_loop_cpu"]
+        print(
+            f"| {row['concurrency']} | {row['burst_wall']:.2f} ms | {row['burst_cpu']:.2f} ms "
+            f"| {'-' if loop_cpu is None else f'{loop_cpu:.2f} ms'} |"
         )
     if args.json:
         print(json.dumps(rows))
