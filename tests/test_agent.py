@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 import wirecut.scope as ws
+from _pids import exited
 from wirecut.agent import (
     AIAgent,
     ConversationResult,
@@ -523,18 +524,6 @@ if sys.argv[2] == "stay":
 """
 
 
-def _exited(pid: int, timeout: float) -> bool:
-    """Whether ``pid`` exits within ``timeout`` (a zombie has); waits on a pidfd, no polling."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        return bool(select.select([fd], [], [], timeout)[0])
-    finally:
-        os.close(fd)
-
-
 class EscapedProcess:
     """The escaping program's argv, and its escaped grandchild, killed at the end by pid."""
 
@@ -563,7 +552,7 @@ class EscapedProcess:
         # Outside the group, nothing but its pid reaches it.
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        assert _exited(pid, BOUND)
+        assert exited(pid, BOUND)
 
 
 @pytest.fixture
@@ -585,7 +574,7 @@ def test_shell_tool_returns_at_once_on_cancel_though_a_descendant_escaped(
     with pytest.raises(ws.Interrupted):
         future.result(BOUND)
     assert host.wait_quiescent(BOUND), host.live()
-    assert not _exited(pid, 0)  # beyond a group kill: the fixture kills it by pid
+    assert not exited(pid, 0)  # beyond a group kill: the fixture kills it by pid
 
 
 def test_shell_tool_timeout_holds_though_a_descendant_escaped(escaped: EscapedProcess) -> None:
@@ -623,7 +612,7 @@ def test_shell_tool_kills_what_the_program_left_in_its_group(tmp_path: Path) -> 
         raise
     status, pid, rest = output.split("\n")
     assert (status, rest) == ("exit status 0", "")
-    assert _exited(int(pid), 0)
+    assert exited(int(pid), 0)
 
 
 def test_shell_tool_feeds_stdin_and_survives_a_program_that_stops_reading() -> None:

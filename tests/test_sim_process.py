@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from test_orphans import wait_gone
+from _pids import exited
 from wirecut.proof._sim_process import SimProcess
 from wirecut.simulator import EventKind, SimConfig, SimEvent
 
@@ -122,9 +122,9 @@ def test_a_simulator_does_not_outlive_a_parent_killed_with_sigkill() -> None:
             # SIGKILL: the parent runs no cleanup at all, so no stop() ever comes.
             parent.send_signal(signal.SIGKILL)
             assert parent.wait(BOUND) == -signal.SIGKILL
-            assert wait_gone({child}) == set()
+            assert exited(child, BOUND)
         finally:
             if parent.poll() is None:
                 parent.kill()
-            if child is not None and wait_gone({child}, 0):
+            if child is not None and not exited(child, 0):
                 os.kill(child, signal.SIGKILL)
