@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Callable
+
 from _loopback import LoopbackServer
 from wirecut.scope import InterruptScope
 
@@ -17,3 +20,23 @@ def assert_cut_reached_the_server(server: LoopbackServer, scope: InterruptScope)
     assert server.wait_closes(1)
     assert len(server.requests) == 1
     assert_quiet(scope)
+
+
+def cyclic_garbage(run: Callable[[], None]) -> list[str]:
+    """The type names of what ``run()`` left to the cycle collector (it runs with it off).
+
+    A cut is cheap only if what it ends goes when it ends: what waits for a
+    full collection is a pause of tens of milliseconds later, on whichever
+    thread allocates then (the console's event loop, in a burst of cancels).
+    """
+    gc.collect()
+    gc.disable()
+    try:
+        run()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        return [f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.garbage]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import socket
 import ssl
@@ -22,7 +23,7 @@ from _loopback import (
     connect_started,
     self_signed,
 )
-from _promises import assert_cut_reached_the_server, assert_quiet
+from _promises import assert_cut_reached_the_server, assert_quiet, cyclic_garbage
 from wirecut.http import (
     ScopedNetworkBackend,
     ScopedTransport,
@@ -408,6 +409,44 @@ def test_a_cancelled_scopes_idle_connection_is_closed_without_gc(client: httpx.C
             assert_quiet(scope)
     finally:
         gc.enable()
+
+
+def test_a_cut_streams_pool_is_freed_when_its_response_closes(client: httpx.Client) -> None:
+    # httpx's Response and the stream it wraps the body in name each other;
+    # the body held on to the connection and the scope's pool, and all of it
+    # waited for a full collection (tens of ms on the console's event loop,
+    # in the middle of a burst of cancels).
+    def stream_then_stall(ex: Exchange) -> None:
+        ex.start_chunked()
+        ex.chunk(b"hello")
+        ex.hold()
+
+    def cut_stream() -> None:
+        scope = InterruptScope("t")
+        first = threading.Event()
+
+        def worker() -> None:
+            # The cut is caught here, as a client of the scope catches it (a
+            # future holding the exception would keep the frames it unwound).
+            with contextlib.suppress(Interrupted):
+                with client.stream("GET", f"{server.url}/s") as response:
+                    for _ in response.iter_raw():
+                        first.set()
+                raise AssertionError("the stream ended without the cut")
+
+        with LoopbackServer(stream_then_stall) as server:
+            future = scope.spawn(worker)
+            assert first.wait(BOUND)
+            scope.cancel("stop")
+            future.result(BOUND)
+            assert_cut_reached_the_server(server, scope)
+
+    left = cyclic_garbage(cut_stream)
+    # The response's extensions still name the network stream (and its
+    # closed socket) until the response itself goes; the pool does not wait.
+    assert [name for name in left if name.startswith(("httpcore.", "h11."))] == [
+        "httpcore._backends.sync.SyncStream"
+    ]
 
 
 def test_a_finished_scopes_idle_connection_is_closed_after_the_keepalive_expiry() -> None:

@@ -60,6 +60,13 @@ class ReleasingStreamCore:
     connection goes back to its pool: from then on another request (of the
     same scope) may take it, and registers it again. After the inner close,
     the request is no longer in flight for its pool (``PerScope.leave``).
+
+    Closed, it lets go of the body below it too. httpx's ``Response`` and
+    the stream it wraps around this one name each other, a cycle that only
+    the cycle collector frees; holding on, this body kept the connection,
+    its socket and its scope's pool in that cycle (75 objects a cut stream),
+    freed by a full collection: tens of milliseconds on the event loop, in
+    the middle of a burst of cancels.
     """
 
     def __init__(
@@ -79,13 +86,28 @@ class ReleasingStreamCore:
 
     def close(self) -> None:
         lease, self._lease = self._lease, None
+        inner, self._inner = self._inner, _CLOSED
+        network_stream, self._network_stream = self._network_stream, None
         try:
-            if self._network_stream is not None:
-                self._network_stream.release()
-            self._inner.close()
+            if network_stream is not None:
+                network_stream.release()
+            inner.close()
         finally:
             if lease is not None:
                 self._done(lease)
+
+
+class _ClosedBody:
+    """What a closed ``ReleasingStreamCore`` holds instead of its body: nothing to read."""
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(())
+
+    def close(self) -> None:
+        pass
+
+
+_CLOSED = _ClosedBody()
 
 
 class ScopedTransportCore:

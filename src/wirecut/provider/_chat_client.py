@@ -45,6 +45,8 @@ BACKOFF_BASE = 0.5
 BACKOFF_MAX = 8.0
 #: How many lines after ``[DONE]`` are read (and dropped) to reuse the connection.
 AFTER_DONE_LINES = 64
+#: A closed response's body: httpx's own empty stream (see ``ChatClient._send``).
+_READ_OUT = httpx.ByteStream(b"")
 
 
 class ClientState(enum.Enum):
@@ -256,6 +258,10 @@ class ChatClient:
                 # the connection rather than return it to the pool: the
                 # provider sees the close and stops sending.
                 response.close()
+                # httpx's response and the stream it wrapped its body in name
+                # each other; the collector alone would free the pair, and
+                # with it the request and its attempt. Closed, it reads no more.
+                response.stream = _READ_OUT
 
 
 def _retryable(exc: ProviderError, state: _Attempt) -> bool:
