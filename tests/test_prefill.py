@@ -19,6 +19,8 @@ import contextlib
 import json
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -214,6 +216,55 @@ def test_the_cuts_of_a_burst_share_the_first_reading_of_slots_after_it() -> None
     assert len(reads) == 1, reads
     assert reads[0] > completed[-1]  # after the last cut of the burst
     assert reads[0] - completed[0] >= SETTLE
+
+
+#: In a fresh interpreter: the console's lifespan, then one cut for its slot
+#: watcher over a simulator process; prints the modules its first reading loaded.
+_FIRST_READING = """
+import asyncio, json, sys, tempfile, time
+from pathlib import Path
+from wirecut._record import UsageFacts
+from wirecut.console.runner import CompleteFacts, Reason
+from wirecut.console.server import ConsoleConfig, Provider
+from wirecut.console.server._app import create_app
+from wirecut.console.server._serve import build_state
+from wirecut.proof._sim_process import SimProcess
+from wirecut.simulator import SimConfig
+
+async def main(base_url, data_dir):
+    config = ConsoleConfig(port=0, data_dir=Path(data_dir))
+    state = build_state(config, Provider(base_url, None, "sim"))
+    app = create_app(state)
+    watch = state.metrics.slot_watch
+    async with app.router.lifespan_context(app):
+        before = set(sys.modules)
+        cut = CompleteFacts.unstarted(Reason.USER, elapsed_ms=1.0)
+        watch.completed(cut.replace(usage=UsageFacts(requests=1)), 0.0)
+        registry = state.metrics.registry
+        deadline = time.monotonic() + 20
+        while registry.get_sample_value("wirecut_slot_held_after_cut_ms_count") != 1:
+            assert time.monotonic() < deadline, "no reading"
+            await asyncio.sleep(0.05)
+        print(json.dumps(sorted(set(sys.modules) - before)))
+
+with SimProcess(SimConfig(slots=1)) as sim, tempfile.TemporaryDirectory() as data_dir:
+    asyncio.run(main(sim.base_url, data_dir))
+"""
+
+
+def test_the_first_reading_of_slots_loads_nothing_on_the_event_loop() -> None:
+    # httpx's async client imported anyio's backend and streams at its first
+    # request, 16 to 35 ms of the event loop's CPU, and the first reading
+    # comes SETTLE after a cut: in the middle of the next burst of cancels,
+    # the slowest burst of every serve process. The lifespan loads them.
+    ran = subprocess.run(
+        [sys.executable, "-c", _FIRST_READING],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert json.loads(ran.stdout.strip().splitlines()[-1]) == []
 
 
 # -- the real llama.cpp --------------------------------------------------------------------

@@ -177,6 +177,8 @@ def create_app(state: ConsoleState) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state.runner.start()
+        if state.metrics.slot_watch is not None:
+            state.metrics.slot_watch.start()
         with route_stdio():
             yield
             await state.shutdown()

@@ -31,8 +31,12 @@ restarts its wait for a closed non-streaming client, so readings are at
 least ``min_interval`` (1.5 s) apart, and there are none while no cut is
 watched.
 
-Event loop only (the console's): ``completed``, ``health`` and ``aclose``
-are called there, and the readings run as one task on it.
+Event loop only (the console's): ``start``, ``completed``, ``health`` and
+``aclose`` are called there, and the readings run as one task on it.
+``start`` (at startup) loads what the first reading would load in the middle
+of a burst of cuts: httpx's async client imports anyio's event loop backend
+and streams at its first request, 16 to 35 ms of the loop's CPU on the
+development machine, and that was the slowest burst of every serve process.
 
 Cancellation: ``aclose()`` cancels the task and waits for it; a task still
 pending when the loop ends is cancelled by ``asyncio.run``. Either way its
@@ -47,6 +51,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+import anyio.lowlevel
+import anyio.streams.memory
+import anyio.streams.stapled
+import anyio.streams.tls
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -132,6 +141,14 @@ class SlotWatch:
         self._task: asyncio.Task[None] | None = None
 
     # -- event loop ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load anyio's backend for the running loop now, not at the first reading (see above).
+
+        Its streams are imported with this module; the backend is chosen by
+        the loop, so it loads here. Call from the event loop, at startup.
+        """
+        anyio.Event()
 
     def completed(self, facts: CompleteFacts, cancel_to_complete_ms: float | None) -> None:
         """The runner observer's hook: watch after a cut command that made requests."""
