@@ -7,6 +7,7 @@ the runner's health at scrape time, so they are never stale.
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -95,6 +96,11 @@ class _HealthCollector(Collector):
         self._metrics = metrics
 
     def collect(self) -> Any:
+        yield GaugeMetricFamily(
+            "wirecut_gc_frozen_objects",
+            "Objects this process froze at startup (gc.freeze): full collections skip them.",
+            value=gc.get_freeze_count(),
+        )
         health = self._metrics.health()
         if health is None:
             return
