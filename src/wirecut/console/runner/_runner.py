@@ -177,12 +177,26 @@ class ThreadPlacement:
             return CompleteFacts.unstarted(command.reason, elapsed_ms=command.elapsed_ms)
         assert command.scope.cancelled_at is not None
         deadline = command.scope.cancelled_at + unwind
-        while command.worker_exited_at is None and time.monotonic() < deadline:
-            command.wake.clear()
+        if command.worker_exited_at is None:
+            # The bound is one timer that wakes the driver as the worker's exit
+            # does: a wait_for per wake-up cost a task and a timer each, 64 of
+            # them on the event loop in a burst of cancels.
+            expired = False
+
+            def expire() -> None:
+                nonlocal expired
+                expired = True
+                command.wake.set()
+
+            bound = asyncio.get_running_loop().call_later(
+                max(0.0, deadline - time.monotonic()), expire
+            )
             try:
-                await asyncio.wait_for(command.wake.wait(), deadline - time.monotonic())
-            except TimeoutError:
-                break
+                while command.worker_exited_at is None and not expired:
+                    command.wake.clear()
+                    await command.wake.wait()
+            finally:
+                bound.cancel()
         if command.worker_exited_at is None:
             command.lifecycle.fire(CommandEvent.UNWIND_EXPIRED)
             command.leaked = True
