@@ -51,7 +51,7 @@ def run(bursts: int, source: str | None) -> list[tuple[int, float]]:
             readings.append((0, rss_mib(console.proc.pid)))
             with ConsoleClient(ws_url) as client:
                 for rnd in range(bursts):
-                    burst(console.url, sim.url.removesuffix("/v1"), client, N, rnd, False)
+                    burst(console, sim.url.removesuffix("/v1"), client, N, rnd, False)
                     if (rnd + 1) % EVERY == 0:
                         readings.append(((rnd + 1) * N, rss_mib(console.proc.pid)))
         finally:
