@@ -14,14 +14,16 @@ machine, so they subtract from this process's). Its waits poll, with a
 cursor, every ``POLL`` seconds: another process's log has no condition to
 wait on.
 
-The child leads a session of its own and is watched by the scope's group
-reaper: a bench killed with SIGKILL (or a terminal's Ctrl+C that reaches the
-bench only) takes the simulator with it instead of leaving it listening.
+The child leads a session of its own, watched by the scope's group reaper:
+a bench killed with SIGKILL takes the simulator with it instead of leaving
+it listening. A terminal's Ctrl+C reaches the bench alone, whose ``stop()``
+ends the simulator.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import queue
 import subprocess
@@ -101,10 +103,11 @@ class SimProcess:
             _drain(proc.stdout, lines.put),  # "" at the end: the child exited
             _drain(proc.stderr, self._stderr.append),
         ]
+        timed_out = False
         try:
             line = lines.get(timeout=timeout)
         except queue.Empty:
-            line = ""
+            line, timed_out = "", True
         except BaseException:  # Ctrl+C while it starts: no child left behind
             self.stop()
             raise
@@ -112,6 +115,11 @@ class SimProcess:
         url = line.partition(": ")[2].split(" ")[0]
         if not url.startswith("http://"):
             code = proc.poll()
+            if code is None and line == "" and not timed_out:
+                # Its stdout ended: it is exiting, and its stdout can close a
+                # moment before its exit status is there to read.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    code = proc.wait(STOP_TIMEOUT)
             self.stop()  # and all it said is read
             said = " ".join(line.strip() for line in self._stderr if line.strip()) or "-"
             if code is not None:

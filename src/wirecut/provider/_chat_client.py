@@ -254,14 +254,17 @@ class ChatClient:
                     acc.expect_whole()
                     acc.add_response(_parse(_read_body(response, self.limits.body_bytes)))
             finally:
-                # Before the body's end (an error, a bound passed) this closes
-                # the connection rather than return it to the pool: the
-                # provider sees the close and stops sending.
-                response.close()
-                # httpx's response and the stream it wrapped its body in name
-                # each other; the collector alone would free the pair, and
-                # with it the request and its attempt. Closed, it reads no more.
-                response.stream = _READ_OUT
+                try:
+                    # Before the body's end (an error, a bound passed) this
+                    # closes the connection rather than return it to the pool:
+                    # the provider sees the close and stops sending.
+                    response.close()
+                finally:
+                    # httpx's response and the stream it wrapped its body in
+                    # name each other; the collector alone would free the pair,
+                    # and with it the request and its attempt. Closed, it
+                    # reads no more.
+                    response.stream = _READ_OUT
 
 
 def _retryable(exc: ProviderError, state: _Attempt) -> bool:
