@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from websockets.sync.client import connect
 
 from _console import Console, ConsoleClient, running_console, start_serve, wait_health
 from _rawws import RawClient
@@ -105,6 +106,18 @@ def test_a_client_that_stops_reading_is_closed_4429_and_its_commands_cancelled(
         # The server serves on.
         with console.client() as c:
             assert c.complete(c.run("sleep 0"))["status"] == "ok"
+
+
+def test_the_console_declines_permessage_deflate(tmp_path: Path) -> None:
+    # Browsers and the websockets client offer it; each accepted offer held a
+    # zlib context per connection and compressed every small frame on the
+    # event loop. The connection works the same without it.
+    with running_console(tmp_path) as console:
+        with connect(console.server.ws_url, compression="deflate") as ws:
+            assert ws.response.headers.get("Sec-WebSocket-Extensions") is None
+            assert json.loads(ws.recv(timeout=10))["type"] == "ready"
+            ws.send(json.dumps(PING))
+            assert json.loads(ws.recv(timeout=10)) == {"type": "pong"}
 
 
 def test_a_client_that_never_reads_is_cut_after_the_close_timeout(tmp_path: Path) -> None:

@@ -421,5 +421,10 @@ class GuardedConfig(uvicorn.Config):
             ws_max_size=limits.ws_max_size,
             ws_ping_interval=limits.ws_ping_interval,
             ws_ping_timeout=limits.ws_ping_timeout,
+            # No permessage-deflate: console frames are small JSON, and
+            # compressing each one cost the event loop about 20 µs in a
+            # burst of cancels, and every connection a zlib context of its
+            # own (docs/security.md).
+            ws_per_message_deflate=False,
             **kwargs,
         )
