@@ -115,7 +115,7 @@ def console_burst(sim: Sim, client: ConsoleClient, n: int, rnd: int, scenario: s
     ids = [client.run("chat tell me everything", id=f"b{rnd}-{k}") for k in range(n)]
     if scenario == "stream":
         for id in ids:
-            client.wait_for(lambda f, id=id: f["type"] == "output" and f.get("id") == id, 30)
+            client.wait_for(lambda f: f["type"] == "output", 30, id=id)
     else:
         sim.wait_count("slot_acquired", since, n)
     cancelled_at = {}
@@ -161,7 +161,7 @@ def run_console(
                 # that every worker thread (and every command host) exists.
                 warm = [client.run("sleep 60", id=f"warm-{k}") for k in range(n)]
                 for id in warm:
-                    client.wait_for(lambda f, id=id: f["type"] == "started" and f["id"] == id, 120)
+                    client.wait_for(lambda f: f["type"] == "started", 120, id=id)
                 client.cancel()
                 for id in warm:
                     client.complete(id, 60)

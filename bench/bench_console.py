@@ -88,7 +88,7 @@ def burst(
     since = next_seq(sim_root)
     ids = [client.run("chat tell me everything", id=f"b{rnd}-{k}") for k in range(n)]
     for id in ids:
-        client.wait_for(lambda f, id=id: f["type"] == "output" and f["id"] == id, 30)
+        client.wait_for(lambda f: f["type"] == "output", 30, id=id)
     cancelled_at = {}
     # This process only times the console: none of its own collections (it
     # keeps every frame, tens of thousands of objects) between a cancel sent

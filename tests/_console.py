@@ -107,9 +107,11 @@ class ConsoleClient:
     def cancel(self, id: str | None = None) -> None:
         self._client.cancel(id)
 
-    def wait_for(self, match: Callable[[Frame], bool], timeout: float = 10) -> Frame:
-        """The first frame (received so far or later) that ``match``es."""
-        return _stamped(self._client.wait_for(match, timeout))
+    def wait_for(
+        self, match: Callable[[Frame], bool], timeout: float = 10, *, id: str | None = None
+    ) -> Frame:
+        """The first frame (received so far or later) that ``match``es (of ``id``, if given)."""
+        return _stamped(self._client.wait_for(match, timeout, id=id))
 
     def complete(self, id: str, timeout: float = 20) -> Frame:
         return _stamped(self._client.complete(id, timeout))
@@ -123,7 +125,7 @@ class ConsoleClient:
         return {id: _stamped(found[id]) for id in ids}
 
     def wait_output(self, id: str, timeout: float = 10) -> Frame:
-        return self.wait_for(lambda f: f["type"] == "output" and f.get("id") == id, timeout)
+        return self.wait_for(lambda f: f["type"] == "output", timeout, id=id)
 
     def output(self, id: str) -> str:
         return "".join(

@@ -249,6 +249,21 @@ def test_the_protocol_client_finds_each_complete_by_id_and_names_one_that_never_
         client._client.complete("never", 0.1)
 
 
+def test_the_protocol_clients_wait_for_an_id_reads_the_frames_of_that_id_only(
+    console: Console, client: ConsoleClient
+) -> None:
+    # The benchmarks wait for each command's first output by id: a frame of
+    # another id, even one that came first, is not an answer.
+    first = client.run("help", id="first")
+    client.complete(first)
+    second = client.run("help", id="second")
+    found = client.wait_for(lambda f: f["type"] == "output", id=second)
+    assert found["id"] == second
+    assert client.wait_for(lambda f: f["type"] == "complete", id=second)["id"] == second
+    with pytest.raises(TimeoutError):
+        client.wait_for(lambda f: f["type"] == "output", 0.2, id="never")
+
+
 def test_cancel_racing_run_gives_each_id_exactly_one_complete(
     console: Console, client: ConsoleClient
 ) -> None:

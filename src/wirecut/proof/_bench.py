@@ -396,7 +396,7 @@ def _memory_per_command(url: str, n: int) -> tuple[float | None, float]:
         heap_before = tracemalloc.get_traced_memory()[0]
         ids = {client.run("sleep 60") for _ in range(n)}
         for id in ids:
-            client.wait_for(_started(id), COMPLETE_BOUND)
+            client.wait_for(_started, COMPLETE_BOUND, id=id)
         heap_after = tracemalloc.get_traced_memory()[0]
         tracemalloc.stop()
         gc.collect()
@@ -407,8 +407,8 @@ def _memory_per_command(url: str, n: int) -> tuple[float | None, float]:
     return resident, max(0.0, (heap_after - heap_before) / n / 1024)
 
 
-def _started(id: str) -> Callable[[dict[str, Any]], bool]:
-    return lambda frame: frame["type"] == "started" and frame.get("id") == id
+def _started(frame: dict[str, Any]) -> bool:
+    return bool(frame["type"] == "started")
 
 
 # -- the run ----------------------------------------------------------------------------------
