@@ -233,13 +233,17 @@ def test_a_queued_command_cancelled_never_runs(tmp_path: Path) -> None:
     assert requests == 0
 
 
-def test_the_protocol_client_finds_each_complete_by_id_and_names_one_that_never_came(
+def test_the_protocol_client_finds_frames_by_id_and_names_one_that_never_came(
     console: Console, client: ConsoleClient
 ) -> None:
     # The proof tools and the benchmarks time each complete by the moment the
-    # client read it; their waits find it by id, before or after it came.
-    early = client.run("sleep 0", id="early")
+    # client read it, and wait for each command's first output: their waits
+    # find the frame by id, before or after it came, and a frame of another
+    # id, even one that came first, is not an answer.
+    early = client.run("help", id="early")
     client.complete(early)
+    second = client.run("help", id="second")
+    assert client.wait_for(lambda f: f["type"] == "output", id=second)["id"] == second
     late = client.run("sleep 0.2", id="late")
     found = client.completes([early, late])
     assert [found[id]["id"] for id in (early, late)] == [early, late]
@@ -247,19 +251,6 @@ def test_the_protocol_client_finds_each_complete_by_id_and_names_one_that_never_
     assert client.complete(late) == found[late]
     with pytest.raises(TimeoutError, match="'never'"):
         client._client.complete("never", 0.1)
-
-
-def test_the_protocol_clients_wait_for_an_id_reads_the_frames_of_that_id_only(
-    console: Console, client: ConsoleClient
-) -> None:
-    # The benchmarks wait for each command's first output by id: a frame of
-    # another id, even one that came first, is not an answer.
-    first = client.run("help", id="first")
-    client.complete(first)
-    second = client.run("help", id="second")
-    found = client.wait_for(lambda f: f["type"] == "output", id=second)
-    assert found["id"] == second
-    assert client.wait_for(lambda f: f["type"] == "complete", id=second)["id"] == second
     with pytest.raises(TimeoutError):
         client.wait_for(lambda f: f["type"] == "output", 0.2, id="never")
 
