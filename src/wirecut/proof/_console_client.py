@@ -141,8 +141,8 @@ class ConsoleClient:
 
         With ``id``, only the frames about ``id`` are read, from the index the
         reader keeps: a wait of a long session does not read every frame
-        again (64 such waits a burst, over a connection that had carried
-        100,000 frames, made a benchmark's client slower every burst).
+        again (a benchmark's 64 waits a burst, each reading every earlier
+        burst's frames too, made its client slower with every burst).
 
         Raises TimeoutError after ``timeout`` seconds or once the connection
         closed without one, naming why and the last frames seen.
