@@ -29,6 +29,11 @@ by one loop of ``scope.cancel()`` under a long thread switch interval (as the
 console cuts a burst); "complete" there is the worker thread having returned,
 and its CPU is this whole process's from the first cut to the last return.
 
+``--serve-cpus 1 --client-cpus 0`` runs the console on CPU 1 (``serve
+--cpus``) and this client and the simulator on CPU 0, as a browser and a
+provider on other machines would be; the library row then runs on the
+console's CPUs. ``--client-cpus 0`` alone leaves the console every CPU.
+
 Three processes, as in a deployment: the simulator (``wirecut provider``),
 the console (``wirecut serve``) and this client. The simulator is itself a
 single-threaded Python server: it reads 64 closes one after another, so its
@@ -45,6 +50,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import resource
 import statistics
 import sys
@@ -60,6 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from _console import ConsoleClient
 from _procs import Process, cpu_ms, percentile
+from wirecut._cpus import parse_cpus
 from wirecut.provider import ChatClient
 from wirecut.scope import InterruptScope
 
@@ -236,25 +243,28 @@ def _row(label: str, trials: int, results: list[dict[str, Any]]) -> dict[str, An
     }
 
 
-def run(samples: int) -> list[dict[str, Any]]:
+def run(
+    samples: int, serve_cpus: str | None = None, client_cpus: str | None = None
+) -> list[dict[str, Any]]:
+    """The rows; ``serve_cpus`` for ``serve --cpus``, ``client_cpus`` for this process and the
+    simulator (as on other machines); the library row runs on ``serve_cpus``."""
+    every = sorted(os.sched_getaffinity(0))
+    others = _cpus(client_cpus) if client_cpus else every
+    console_cpus = serve_cpus or ",".join(map(str, every))
     rows = []
     for n, at_once in [*((n, False) for n in CONCURRENCY), (CONCURRENCY[-1], True)]:
         rounds = max(3, samples // n)
+        os.sched_setaffinity(0, others)  # the simulator inherits it
         sim = _sim(n)
+        os.sched_setaffinity(0, every)  # and serve this one (its --cpus picks)
         sim_root = sim.url.removesuffix("/v1")
         results = []
         with tempfile.TemporaryDirectory() as tmp:
             console = Process(
-                "serve",
-                "--port",
-                "0",
-                "--workers",
-                str(n),
-                "--data-dir",
-                tmp,
-                "--provider-url",
-                sim.url,
+                *("serve", "--port", "0", "--workers", str(n), "--data-dir", tmp),
+                *("--provider-url", sim.url, "--cpus", console_cpus),
             )
+            os.sched_setaffinity(0, others)  # this client
             ws_url = console.url.replace("http://", "ws://").replace(
                 "/?token=", "/api/console?token="
             )
@@ -268,7 +278,9 @@ def run(samples: int) -> list[dict[str, Any]]:
         label = f"{n}, one cancel-all" if at_once else str(n)
         rows.append(_row(label, n * rounds, results))
     n = CONCURRENCY[-1]
+    os.sched_setaffinity(0, others)
     sim = _sim(n)
+    os.sched_setaffinity(0, _cpus(serve_cpus) if serve_cpus else every)
     try:
         results = [
             library_burst(sim.url, sim.url.removesuffix("/v1"), n)
@@ -280,12 +292,18 @@ def run(samples: int) -> list[dict[str, Any]]:
     return rows
 
 
+def _cpus(text: str) -> set[int]:
+    return set(parse_cpus(text))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=192, help="cancels per concurrency")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
+    parser.add_argument("--serve-cpus", help="serve --cpus LIST (and the library row's CPUs)")
+    parser.add_argument("--client-cpus", help="CPUs of this client and the simulator")
     args = parser.parse_args()
-    rows = run(args.samples)
+    rows = run(args.samples, args.serve_cpus, args.client_cpus)
     print(
         "| commands at once | trials | cancel -> complete p50 | p99 "
         "| cancel -> provider close p50 | p99 | close never seen | worker exited | leaked |"

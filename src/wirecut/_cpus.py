@@ -1,0 +1,113 @@
+"""``wirecut serve --cpus``: the console's threads on a set of CPUs, its children on all of them.
+
+CPython runs one thread's Python at a time. A burst of cancels wakes dozens
+of threads (each cut worker, the event loop between them), and on a machine
+with more than one CPU each hand-off of the GIL to a thread that sleeps on
+another CPU is a wake-up across CPUs, which costs more than the hand-off
+itself (on a virtual machine, a trip through the hypervisor). Pinned to one
+CPU, a burst of 64 ran about a fifth less CPU and its ``complete``s came
+that much sooner (docs/architecture.md, "One CPU for the console").
+
+Pinning is per thread on Linux: ``pin`` sets every thread of the process
+and, through them, every thread started later. A child process inherits
+its parent thread's set, and a program a command runs (a tool's
+subprocess) is not the console's to confine: ``release_child`` gives it
+back the CPUs the process had before ``pin``. Linux only; stdlib only.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+__all__ = ["CpuError", "allowed", "check", "parse_cpus", "pin", "pinned", "release_child"]
+
+
+class CpuError(ValueError):
+    """A CPU list that does not parse, or names a CPU this process may not run on."""
+
+
+class _Pinning:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        #: The CPUs the process had before ``pin`` (None: not pinned).
+        self.before: frozenset[int] | None = None
+
+
+_pinning = _Pinning()
+
+
+def allowed() -> frozenset[int]:
+    """The CPUs the calling thread may run on; ``CpuError`` where the system cannot say."""
+    getter = getattr(os, "sched_getaffinity", None)
+    if getter is None:
+        raise CpuError("choosing CPUs needs Linux (os.sched_setaffinity)")
+    return frozenset(getter(0))
+
+
+def parse_cpus(text: str) -> frozenset[int]:
+    """CPUs from a list like ``1``, ``0,2`` or ``2-3`` (what ``taskset -c`` takes)."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        try:
+            low = int(first)
+            high = int(last) if dash else low
+        except ValueError:
+            raise CpuError(f"{text!r} is not a CPU list (like 1, 0,2 or 2-3)") from None
+        if low < 0 or high < low:
+            raise CpuError(f"{part.strip()!r} in {text!r} is not a CPU or a range of CPUs")
+        cpus.update(range(low, high + 1))
+    return frozenset(cpus)
+
+
+def check(cpus: frozenset[int]) -> frozenset[int]:
+    """``cpus``, if this process may run on each of them; else ``CpuError`` naming the others."""
+    can = allowed()
+    outside = sorted(cpus - can)
+    if not cpus or outside:
+        raise CpuError(
+            f"this process may run on CPUs {_spell(can)} only, not on {_spell(outside or cpus)}"
+        )
+    return cpus
+
+
+def pin(cpus: frozenset[int]) -> None:
+    """Run every thread of this process, and every thread started later, on ``cpus``.
+
+    Raises ``CpuError`` naming the CPUs that this process may not use.
+    """
+    can = allowed()
+    check(cpus)
+    with _pinning.lock:
+        if _pinning.before is None:
+            _pinning.before = can
+        for task in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(task), cpus)
+            except ProcessLookupError:
+                pass  # The thread ended meanwhile.
+
+
+def pinned() -> frozenset[int] | None:
+    """The CPUs the process had before ``pin``, or None if it was not pinned."""
+    return _pinning.before
+
+
+def release_child(pid: int) -> None:
+    """Give a child process the CPUs the process had before ``pin`` (nothing if not pinned).
+
+    Call it right after the child started: what it starts before this runs
+    keeps the pinned set.
+    """
+    before = _pinning.before
+    if before is None:
+        return
+    try:
+        os.sched_setaffinity(pid, before)
+    except ProcessLookupError:
+        pass  # It has already exited.
+
+
+def _spell(cpus: frozenset[int] | list[int]) -> str:
+    return ",".join(str(cpu) for cpu in sorted(cpus))

@@ -1,0 +1,103 @@
+"""``wirecut serve --cpus``: the console's threads on the CPUs given, its commands' programs not.
+
+End to end: a real ``wirecut serve --cpus N`` process, every one of its
+threads read from ``/proc``, and the program a ``probe subprocess`` command
+runs read the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from _console import serve_argv, start_serve
+from wirecut._cpus import CpuError, parse_cpus
+from wirecut.proof._console_client import ConsoleClient
+
+BOUND = 30.0
+
+
+@pytest.mark.parametrize(
+    ("text", "cpus"),
+    [("1", {1}), ("0,2", {0, 2}), ("2-3", {2, 3}), ("0, 3-5", {0, 3, 4, 5}), ("4-4", {4})],
+)
+def test_a_cpu_list_parses_as_taskset_reads_it(text: str, cpus: set[int]) -> None:
+    assert parse_cpus(text) == cpus
+
+
+@pytest.mark.parametrize("text", ["", "x", "1-", "-1", "3-1", "1,,2", "1.5"])
+def test_a_malformed_cpu_list_is_refused_naming_it(text: str) -> None:
+    with pytest.raises(CpuError, match="CPU"):
+        parse_cpus(text)
+
+
+@pytest.mark.parametrize(("given", "word"), [("x", "'x'"), ("4096", "4096")])
+def test_a_bad_cpus_flag_is_a_usage_error_naming_it(tmp_path: Path, given: str, word: str) -> None:
+    result = subprocess.run(
+        serve_argv(tmp_path, "--cpus", given),
+        capture_output=True,
+        text=True,
+        timeout=BOUND,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert "--cpus" in error
+    assert word in error
+
+
+def cpus_allowed(pid: int, tid: int | None = None) -> str:
+    """``Cpus_allowed_list`` of a process (its main thread), or of one of its threads."""
+    where = f"/proc/{pid}" if tid is None else f"/proc/{pid}/task/{tid}"
+    for line in Path(where, "status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError(f"no Cpus_allowed_list in {where}/status")
+
+
+def test_serve_runs_its_threads_on_the_cpus_given_and_a_commands_program_on_all(
+    tmp_path: Path,
+) -> None:
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs two CPUs to tell the pinned set from the whole")
+    mine = cpus_allowed(os.getpid())
+    chosen = allowed[-1]
+    proc = start_serve(
+        tmp_path,
+        *("--cpus", str(chosen), "--workers", "4"),
+        *("--provider-url", "http://127.0.0.1:9/v1"),
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        assert proc.stdout is not None
+        banner = proc.stdout.readline()
+        assert banner.startswith("wirecut console: http://127.0.0.1:"), banner
+        url = banner.split(": ", 1)[1].strip()
+        ws_url = url.replace("http://", "ws://").replace("/?token=", "/api/console?token=")
+        with ConsoleClient(ws_url) as client:
+            id = client.run("probe subprocess")
+            said = client.wait_for(lambda f: "(pid " in f.get("data", ""), BOUND, id=id)
+            child = int(said.frame["data"].split("(pid ", 1)[1].split(")")[0].split(",")[0])
+            threads = [int(tid) for tid in os.listdir(f"/proc/{proc.pid}/task")]
+            # Every thread of the console is on it: the loop, pinned at start, and
+            # the worker running the probe, started later (workers start on demand).
+            assert len(threads) >= 2
+            assert {cpus_allowed(proc.pid, tid) for tid in threads} == {str(chosen)}
+            # The program its command runs is not the console's to confine.
+            assert cpus_allowed(child) == mine
+            client.cancel(id)
+            assert client.complete(id, BOUND).frame["status"] == "cancelled"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=BOUND)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert f"wirecut serve: on CPUs {chosen}" in err.splitlines()
