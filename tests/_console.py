@@ -10,6 +10,7 @@ woken by the frame it waits for) with the tests' conveniences on top.
 from __future__ import annotations
 
 import contextlib
+import signal
 import subprocess
 import sys
 import threading
@@ -28,7 +29,14 @@ from wirecut.proof._console_client import ConsoleClient as _Client
 from wirecut.proof._console_client import Frame, Received
 from wirecut.simulator import SimConfig, SimulatorServer
 
-__all__ = ["Console", "ConsoleClient", "gate_command", "running_console"]
+__all__ = [
+    "Console",
+    "ConsoleClient",
+    "Serving",
+    "gate_command",
+    "running_console",
+    "serving",
+]
 
 
 @dataclass
@@ -184,3 +192,41 @@ def start_serve(data_dir: Path, *args: str, **popen: Any) -> subprocess.Popen[st
         text=True,
         **popen,
     )
+
+
+@dataclass
+class Serving:
+    """A running ``wirecut serve``: its process, its URL, and its stderr once it stopped."""
+
+    proc: subprocess.Popen[str]
+    url: str = ""
+    err: str = ""
+
+    @property
+    def ws_url(self) -> str:
+        return self.url.replace("http://", "ws://").replace("/?token=", "/api/console?token=")
+
+
+@contextlib.contextmanager
+def serving(data_dir: Path, *args: str, **popen: Any) -> Iterator[Serving]:
+    """``wirecut serve ARGS`` once it listens; on a clean exit of the block, SIGTERM and its stderr.
+
+    The banner (``wirecut console: URL``) is checked, and after the block
+    the process must exit 0 within 30 s; it is killed if anything failed.
+    """
+    proc = start_serve(data_dir, *args, **popen)
+    running = Serving(proc)
+    try:
+        assert proc.stdout is not None
+        banner = proc.stdout.readline()  # Blocks until it listens (or exits).
+        assert banner.startswith("wirecut console: http://127.0.0.1:"), banner
+        running.url = banner.split(": ", 1)[1].strip()
+        yield running
+        proc.send_signal(signal.SIGTERM)
+        _, running.err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, running.err
+    assert "Traceback" not in running.err

@@ -8,13 +8,12 @@ runs read the same way.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from _console import serve_argv, start_serve
+from _console import serve_argv, serving
 from wirecut._cpus import CpuError, parse_cpus
 from wirecut.proof._console_client import ConsoleClient
 
@@ -68,36 +67,24 @@ def test_serve_runs_its_threads_on_the_cpus_given_and_a_commands_program_on_all(
         pytest.skip("needs two CPUs to tell the pinned set from the whole")
     mine = cpus_allowed(os.getpid())
     chosen = allowed[-1]
-    proc = start_serve(
+    with serving(
         tmp_path,
         *("--cpus", str(chosen), "--workers", "4"),
         *("--provider-url", "http://127.0.0.1:9/v1"),
         stdin=subprocess.DEVNULL,
-    )
-    try:
-        assert proc.stdout is not None
-        banner = proc.stdout.readline()
-        assert banner.startswith("wirecut console: http://127.0.0.1:"), banner
-        url = banner.split(": ", 1)[1].strip()
-        ws_url = url.replace("http://", "ws://").replace("/?token=", "/api/console?token=")
-        with ConsoleClient(ws_url) as client:
+    ) as running:
+        with ConsoleClient(running.ws_url) as client:
             id = client.run("probe subprocess")
             said = client.wait_for(lambda f: "(pid " in f.get("data", ""), BOUND, id=id)
             child = int(said.frame["data"].split("(pid ", 1)[1].split(")")[0].split(",")[0])
-            threads = [int(tid) for tid in os.listdir(f"/proc/{proc.pid}/task")]
+            pid = running.proc.pid
+            threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
             # Every thread of the console is on it: the loop, pinned at start, and
             # the worker running the probe, started later (workers start on demand).
             assert len(threads) >= 2
-            assert {cpus_allowed(proc.pid, tid) for tid in threads} == {str(chosen)}
+            assert {cpus_allowed(pid, tid) for tid in threads} == {str(chosen)}
             # The program its command runs is not the console's to confine.
             assert cpus_allowed(child) == mine
             client.cancel(id)
             assert client.complete(id, BOUND).frame["status"] == "cancelled"
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=BOUND)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err
-    assert f"wirecut serve: on CPUs {chosen}" in err.splitlines()
+    assert f"wirecut serve: on CPUs {chosen}" in running.err.splitlines()

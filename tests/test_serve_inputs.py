@@ -12,7 +12,6 @@ from __future__ import annotations
 import http.server
 import logging
 import os
-import signal
 import socket
 import sqlite3
 import subprocess
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from _console import Console, running_console, serve_argv, start_serve
+from _console import Console, running_console, serve_argv, serving
 from wirecut.memory import NoteStore
 from wirecut.provider import ProviderKind, base_url_problem, identify_provider
 from wirecut.simulator import SimConfig, SimulatorServer
@@ -56,20 +55,9 @@ def serve_banner(tmp_path: Path, *args: str, **env: str) -> list[str]:
     Serving at all (the ``wirecut console:`` line) is part of what is checked:
     a provider that does not answer never stops the console.
     """
-    proc = start_serve(tmp_path, *args, env=serve_env(**env), stdin=subprocess.DEVNULL)
-    try:
-        assert proc.stdout is not None
-        banner = proc.stdout.readline()  # Blocks until it listens (or exits).
-        assert banner.startswith("wirecut console: http://127.0.0.1:"), banner
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=BOUND)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err
-    assert "Traceback" not in err
-    return err.splitlines()
+    with serving(tmp_path, *args, env=serve_env(**env), stdin=subprocess.DEVNULL) as running:
+        pass
+    return running.err.splitlines()
 
 
 def assert_usage_error(result: subprocess.CompletedProcess[str], *words: str) -> None:
