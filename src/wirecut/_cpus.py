@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import threading
 
-__all__ = ["CpuError", "allowed", "check", "parse_cpus", "pin", "pinned", "release_child"]
+__all__ = ["CpuError", "allowed", "check", "parse_cpus", "pin", "release_child"]
 
 
 class CpuError(ValueError):
@@ -89,11 +89,6 @@ def pin(cpus: frozenset[int]) -> None:
                 pass  # The thread ended meanwhile.
 
 
-def pinned() -> frozenset[int] | None:
-    """The CPUs the process had before ``pin``, or None if it was not pinned."""
-    return _pinning.before
-
-
 def release_child(pid: int) -> None:
     """Give a child process the CPUs the process had before ``pin`` (nothing if not pinned).
 
@@ -105,8 +100,8 @@ def release_child(pid: int) -> None:
         return
     try:
         os.sched_setaffinity(pid, before)
-    except ProcessLookupError:
-        pass  # It has already exited.
+    except OSError:
+        pass  # It has already exited (or the system refused): it keeps the pinned set.
 
 
 def _spell(cpus: frozenset[int] | list[int]) -> str:
