@@ -16,6 +16,7 @@ import pytest
 from _console import serve_argv, serving
 from wirecut._cpus import CpuError, parse_cpus
 from wirecut.proof._console_client import ConsoleClient
+from wirecut.scope import InterruptScope, set_child_cpus
 
 BOUND = 30.0
 
@@ -88,3 +89,22 @@ def test_serve_runs_its_threads_on_the_cpus_given_and_a_commands_program_on_all(
             client.cancel(id)
             assert client.complete(id, BOUND).frame["status"] == "cancelled"
     assert f"wirecut serve: on CPUs {chosen}" in running.err.splitlines()
+
+
+def test_scope_popen_starts_its_programs_on_the_cpus_set_for_children() -> None:
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs two CPUs to tell one from the whole")
+    one = allowed[0]
+    scope = InterruptScope("cpus")
+    set_child_cpus(frozenset({one}))
+    try:
+        with scope.popen(["sleep", "60"], stdin=subprocess.DEVNULL) as proc:
+            assert cpus_allowed(proc.pid) == str(one)
+            scope.cancel("done")
+    finally:
+        set_child_cpus(None)
+    after = InterruptScope("after")
+    with after.popen(["sleep", "60"], stdin=subprocess.DEVNULL) as proc:
+        assert cpus_allowed(proc.pid) == cpus_allowed(os.getpid())  # its starter's again
+        after.cancel("done")

@@ -11,30 +11,22 @@ that much sooner (docs/architecture.md, "One CPU for the console").
 Pinning is per thread on Linux: ``pin`` sets every thread of the process
 and, through them, every thread started later. A child process inherits
 its parent thread's set, and a program a command runs (a tool's
-subprocess) is not the console's to confine: ``release_child`` gives it
-back the CPUs the process had before ``pin``. Linux only; stdlib only.
+subprocess) is not the console's to confine: ``pin`` has ``scope.popen``
+give those the CPUs the process had (``wirecut.scope.set_child_cpus``).
+Linux only.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 
-__all__ = ["CpuError", "allowed", "check", "parse_cpus", "pin", "release_child"]
+from wirecut.scope import set_child_cpus
+
+__all__ = ["CpuError", "allowed", "check", "parse_cpus", "pin"]
 
 
 class CpuError(ValueError):
     """A CPU list that does not parse, or names a CPU this process may not run on."""
-
-
-class _Pinning:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        #: The CPUs the process had before ``pin`` (None: not pinned).
-        self.before: frozenset[int] | None = None
-
-
-_pinning = _Pinning()
 
 
 def allowed() -> frozenset[int]:
@@ -75,33 +67,17 @@ def check(cpus: frozenset[int]) -> frozenset[int]:
 def pin(cpus: frozenset[int]) -> None:
     """Run every thread of this process, and every thread started later, on ``cpus``.
 
-    Raises ``CpuError`` naming the CPUs that this process may not use.
+    The programs ``scope.popen`` starts from then on get the CPUs the process
+    had. Call it once, at startup. Raises ``CpuError`` naming the CPUs that
+    this process may not use.
     """
-    can = allowed()
     check(cpus)
-    with _pinning.lock:
-        if _pinning.before is None:
-            _pinning.before = can
-        for task in os.listdir("/proc/self/task"):
-            try:
-                os.sched_setaffinity(int(task), cpus)
-            except ProcessLookupError:
-                pass  # The thread ended meanwhile.
-
-
-def release_child(pid: int) -> None:
-    """Give a child process the CPUs the process had before ``pin`` (nothing if not pinned).
-
-    Call it right after the child started: what it starts before this runs
-    keeps the pinned set.
-    """
-    before = _pinning.before
-    if before is None:
-        return
-    try:
-        os.sched_setaffinity(pid, before)
-    except OSError:
-        pass  # It has already exited (or the system refused): it keeps the pinned set.
+    set_child_cpus(allowed())  # before the pin: the CPUs the process had
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(task), cpus)
+        except ProcessLookupError:
+            pass  # The thread ended meanwhile.
 
 
 def _spell(cpus: frozenset[int] | list[int]) -> str:

@@ -16,7 +16,6 @@ import httpx
 
 import wirecut.http
 import wirecut.scope as ws
-from wirecut._cpus import release_child
 from wirecut.agent._program import run_program
 from wirecut.agent._tools import Tool, ToolCallError
 from wirecut.scope import InterruptScope
@@ -87,7 +86,6 @@ def shell_tool(
             )
         except FileNotFoundError:
             raise ToolCallError(f"no such program: {argv[0]!r}") from None
-        release_child(proc.pid)  # A console pinned to a CPU does not confine the program.
         with proc:
             run = run_program(proc, stdin.encode(), timeout)
         # A cut kills the program, which ends the run: say why it ended.

@@ -37,7 +37,6 @@ from types import TracebackType
 from typing import IO
 
 import wirecut
-from wirecut._cpus import release_child
 from wirecut.local._errors import LocalServerError, LocalUnavailable
 from wirecut.local._model import (
     DEFAULT_MODEL,
@@ -412,7 +411,6 @@ class LocalServer:
             )
         except OSError as exc:
             raise LocalServerError(f"cannot start the llama.cpp server child: {exc}") from exc
-        release_child(proc.pid)  # Started after `serve --cpus`, it still gets every CPU.
         # Dies with us even if the stdin watch cannot run (a GIL-holding
         # model load) and we did not start it from the main thread.
         watch_group(proc.pid)

@@ -33,7 +33,13 @@ from wirecut.scope._burst import CancelBurst, cancel_burst
 from wirecut.scope._cuttables import Interruptible, cut_socket
 from wirecut.scope._errors import Interrupted
 from wirecut.scope._interrupt_scope import InterruptScope, ScopeState
-from wirecut.scope._process import ProcStat, ScopedPopen, kill_process_group, proc_stat
+from wirecut.scope._process import (
+    ProcStat,
+    ScopedPopen,
+    kill_process_group,
+    proc_stat,
+    set_child_cpus,
+)
 from wirecut.scope._reaper import unwatch_group, watch_group
 from wirecut.scope._registration import Registration
 from wirecut.scope._threads import ScopeExecutor
@@ -65,6 +71,7 @@ __all__ = [
     "register",
     "register_process",
     "register_socket",
+    "set_child_cpus",
     "sleep",
     "unwatch_group",
     "wait",

@@ -49,7 +49,6 @@ import httpx
 
 import wirecut.http
 import wirecut.scope as ws
-from wirecut._cpus import release_child
 from wirecut.agent import AIAgent, ConversationStatus, delegate_tool
 from wirecut.console.commands._context import CommandContext, CommandError, UsageError
 from wirecut.console.commands._registry import Command, command
@@ -186,7 +185,6 @@ def _subprocess(ctx: CommandContext, announce: ServerObserver) -> None:
             )
         except FileNotFoundError:
             raise CommandError("probe subprocess: there is no `sleep` program here") from None
-        release_child(proc.pid)  # As a tool's program: not confined to the console's CPUs.
         with proc:
             ctx.write(
                 f"probe subprocess: waiting for `sleep 3600` (pid {proc.pid}, in its own process"
