@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import queue
 import random
 import re
 import signal
@@ -31,7 +32,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,8 @@ from wirecut.console.cluster import (  # noqa: E402
     ProviderSpec,
     placement,
 )
+from wirecut.console.cluster._host import gathered  # noqa: E402
+from wirecut.console.cluster._pool import CANCEL_CALLS  # noqa: E402
 from wirecut.console.cluster._remote import remote_facts  # noqa: E402
 from wirecut.console.runner import Reason, RunnerLimits, Status  # noqa: E402
 from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider  # noqa: E402
@@ -756,3 +759,195 @@ def test_a_host_whose_lease_expires_cancels_its_commands_with_reason_shutdown(
     assert facts.lifecycle.worker_exited is True
     assert facts.lifecycle.timeline is not None
     assert facts.lifecycle.timeline[0].event == "cancel_requested"
+
+
+# -- cancels to a host, and what its streams send ---------------------------------------------
+
+
+@dataclass(eq=False)
+class _PoolJob:
+    id: str
+    answers: list[str] = field(default_factory=list)
+    answered: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def on_cancel_answer(self, kind: str, receipt: Any) -> None:
+        self.answers.append(kind)
+        self.answered.set()
+
+    def on_control_error(self, exc: BaseException) -> None:
+        self.answers.append(f"error: {exc}")
+        self.answered.set()
+
+
+def test_cancels_to_one_host_go_two_calls_at_a_time_and_the_rest_together(
+    cluster: RayCluster,
+) -> None:
+    assert CANCEL_CALLS == 2
+    config = HostConfig(
+        ProviderSpec("http://127.0.0.1:9/v1"), RunnerLimits(workers=1), lease_seconds=5.0
+    )
+
+    # Defined here, so that Ray sends the class itself to the actor's node.
+    class _GateHost:
+        """A host stand-in: its ``cancel`` calls are seen at once and answered one at a time."""
+
+        def __init__(self) -> None:
+            self.seen: list[list[str]] = []
+            self.gate = threading.Semaphore(0)
+
+        @ray.method(concurrency_group="control")
+        def cancel(self, requests: list[tuple[str, str]]) -> list[tuple[str, Any]]:
+            self.seen.append([job_id for job_id, _ in requests])
+            self.gate.acquire(timeout=30)
+            return [("cancelling", None) for _ in requests]
+
+        @ray.method(concurrency_group="test")
+        def answer_one(self) -> None:
+            self.gate.release()
+
+        @ray.method(concurrency_group="test")
+        def calls(self) -> list[list[str]]:
+            return self.seen
+
+    make_remote: Any = ray.remote
+    gate = (
+        make_remote(concurrency_groups={"control": 4, "test": 1})(_GateHost)
+        .options(num_cpus=0)
+        .remote()
+    )
+    ray.get(gate.calls.remote(), timeout=60)  # started
+    jobs = [_PoolJob(f"j{k}") for k in range(5)]
+
+    async def calls(count: int) -> list[list[str]]:
+        deadline = time.monotonic() + 30
+        while True:
+            seen: list[list[str]] = await gate.calls.remote()
+            if len(seen) >= count or time.monotonic() > deadline:
+                return seen
+            await asyncio.sleep(0.01)
+
+    async def burst() -> None:
+        pool = HostPool(config)
+        host = Host(name="gate", node_id="gate", actor=gate, slots=1)
+        pool.cancel(host, jobs[0], "user")
+        await asyncio.sleep(0)  # the scheduled send runs
+        assert await calls(1) == [["j0"]]
+        pool.cancel(host, jobs[1], "user")
+        await asyncio.sleep(0)
+        # A second call goes while the first is out: no wait for its round trip.
+        assert host.pending_cancels == []
+        assert host.cancels_in_flight == 2
+        assert await calls(2) == [["j0"], ["j1"]]
+        for job in jobs[2:]:
+            pool.cancel(host, job, "user")
+        await asyncio.sleep(0)
+        # Two calls are out: the rest wait for an answer, together.
+        assert not host.cancel_scheduled
+        assert [job.id for job, _ in host.pending_cancels] == ["j2", "j3", "j4"]
+        await gate.answer_one.remote()
+        assert await calls(3) == [["j0"], ["j1"], ["j2", "j3", "j4"]]
+        for _ in range(2):
+            await gate.answer_one.remote()
+        for job in jobs:
+            await asyncio.wait_for(job.answered.wait(), 30)
+
+    try:
+        asyncio.run(burst())
+    finally:
+        ray.kill(gate)
+    assert [job.answers for job in jobs] == [["cancelling"]] * 5
+
+
+def test_one_cancel_call_for_four_jobs_wakes_the_host_loop_once_and_cuts_all_four(
+    cluster: RayCluster,
+) -> None:
+    # Defined here, so that Ray sends the class itself to the host's node
+    # (which cannot import this test module).
+    class _CountingHost(CommandHost):
+        """A command host that counts the calls it queues on its loop for the runner's cancels."""
+
+        def __init__(self, config: HostConfig) -> None:
+            super().__init__(config)
+            self.cancel_wakes = 0
+            loop = self._loop
+            queue_call = loop.call_soon_threadsafe
+
+            def counted(callback: Any, *args: Any, **kwargs: Any) -> Any:
+                if getattr(callback, "__name__", "") == "_cancel_on_loop":
+                    self.cancel_wakes += 1
+                return queue_call(callback, *args, **kwargs)
+
+            loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+
+        def wakes(self) -> int:
+            return self.cancel_wakes
+
+    config = HostConfig(
+        ProviderSpec("http://127.0.0.1:9/v1"),
+        RunnerLimits(workers=4, unwind_timeout=5.0),
+        lease_seconds=30.0,
+    )
+    make_remote: Any = ray.remote
+    actor = (
+        make_remote(concurrency_groups={"commands": 4, "control": 4})(_CountingHost)
+        .options(num_cpus=0, max_restarts=0, max_task_retries=0)
+        .remote(config)
+    )
+    try:
+        ids = [f"wake-{k}" for k in range(4)]
+        streams = [iter(actor.run.remote(id, "sleep 60", None, None)) for id in ids]
+        for stream in streams:
+            assert ray.get(next(stream), timeout=60)[0] == ("started",)
+        answers = ray.get(actor.cancel.remote([(id, "user") for id in ids]), timeout=30)
+        assert answers == [("cancelling", None)] * 4
+        for stream in streams:
+            items: list[Any] = []
+            while not items or items[-1][0] != "complete":
+                items += ray.get(next(stream), timeout=30)
+            facts = items[-1][1].facts
+            assert facts.status is Status.CANCELLED
+            assert facts.reason is Reason.USER
+            assert facts.lifecycle.worker_exited is True
+        assert ray.get(actor.wakes.remote(), timeout=30) == 1
+    finally:
+        ray.kill(actor)
+
+
+class _Waits:
+    """A job's news queue that records how long each ``get`` was allowed to wait for more."""
+
+    def __init__(self) -> None:
+        self._items: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.waits: list[float] = []
+
+    def put(self, item: tuple[Any, ...]) -> None:
+        self._items.put(item)
+
+    def get(self, timeout: float | None = None) -> tuple[Any, ...]:
+        if timeout is not None:
+            self.waits.append(timeout)
+        return self._items.get(timeout=timeout)
+
+    def get_nowait(self) -> tuple[Any, ...]:
+        return self._items.get_nowait()
+
+
+def test_a_jobs_first_output_goes_at_once_and_later_output_is_gathered() -> None:
+    news = _Waits()
+    batches = gathered(news, 0.05)  # type: ignore[arg-type]
+    news.put(("started",))
+    assert next(batches) == [("started",)]
+    news.put(("output", "token", "a"))
+    assert next(batches) == [("output", "token", "a")]
+    assert news.waits == []  # the first token waited for nothing more
+    news.put(("output", "token", "b"))
+    news.put(("output", "token", "c"))
+    assert next(batches) == [("output", "token", "b"), ("output", "token", "c")]
+    assert news.waits
+    assert all(0 < wait <= 0.05 for wait in news.waits)
+    news.put(("output", "token", "d"))
+    news.put(("complete", "receipt"))
+    # A receipt ends the wait at once, and the stream.
+    assert next(batches) == [("output", "token", "d"), ("complete", "receipt")]
+    with pytest.raises(StopIteration):
+        next(batches)

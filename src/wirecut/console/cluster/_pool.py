@@ -46,6 +46,11 @@ CONTROL_THREADS = 16
 START_TIMEOUT = 60.0
 #: How long a renew may take before the host counts as unreachable.
 RENEW_TIMEOUT = 5.0
+#: Cancel calls to one host in flight at once; the cancels made while they
+#: are out wait for an answer and then travel together. Two, not one: with
+#: one, a burst's later cancels waited out the first call's whole round trip
+#: (docs/cluster.md, "Measured").
+CANCEL_CALLS = 2
 #: How long a cancel call may hold back the next one to the same host.
 CANCEL_SLOT = 0.5
 #: How long, after ``ray.kill``, the warden is asked whether the process is gone.
@@ -81,7 +86,7 @@ class Host:
     counts: dict[str, Any] = field(default_factory=dict)
     pending_cancels: list[tuple[Any, str]] = field(default_factory=list)
     cancel_scheduled: bool = False
-    cancel_in_flight: bool = False
+    cancels_in_flight: int = 0
     renewing: bool = False
     killed: asyncio.Future[bool | None] | None = None
     killed_at: float | None = None
@@ -179,13 +184,14 @@ class HostPool:
     def cancel(self, host: Host, job: Any, reason: str) -> None:
         """Send a cancel for ``job``; the host's answer goes to ``job.on_cancel_answer``.
 
-        Never blocks. One control call per host is in flight at a time; the
-        cancels made meanwhile wait for its answer (a few milliseconds) and
-        then travel together: a burst of cancels costs a few calls, not one
-        each, on a loop that is busy with the bursts' output too.
+        Never blocks. At most ``CANCEL_CALLS`` control calls per host are in
+        flight; the cancels made while they are out wait for an answer (a few
+        milliseconds) and then travel together: a burst of cancels costs a
+        few calls, not one each, on a loop that is busy with the bursts'
+        output too.
         """
         host.pending_cancels.append((job, reason))
-        if not host.cancel_in_flight and not host.cancel_scheduled:
+        if host.cancels_in_flight < CANCEL_CALLS and not host.cancel_scheduled:
             host.cancel_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush_cancels, host)
 
@@ -200,16 +206,20 @@ class HostPool:
             for job, _ in batch:
                 job.on_control_error(exc)
             return
-        host.cancel_in_flight = True
+        host.cancels_in_flight += 1
         self._spawn(self._cancel_answers(host, batch, asyncio.wrap_future(ref.future())))
 
     async def _cancel_answers(
         self, host: Host, batch: list[tuple[Any, str]], answer: asyncio.Future[Any]
     ) -> None:
+        released = False
+
         def next_batch() -> None:
-            if host.cancel_in_flight:
-                host.cancel_in_flight = False
-                if host.pending_cancels:
+            nonlocal released
+            if not released:
+                released = True
+                host.cancels_in_flight -= 1
+                if host.pending_cancels and not host.cancel_scheduled:
                     self._flush_cancels(host)
 
         try:
