@@ -858,13 +858,16 @@ def test_cancels_to_one_host_go_two_calls_at_a_time_and_the_rest_together(
     assert [job.answers for job in jobs] == [["cancelling"]] * 5
 
 
-def test_one_cancel_call_for_four_jobs_wakes_the_host_loop_once_and_cuts_all_four(
+def test_one_cancel_call_wakes_the_host_loop_once_and_a_failing_cancel_leaves_the_rest_cut(
     cluster: RayCluster,
 ) -> None:
     # Defined here, so that Ray sends the class itself to the host's node
     # (which cannot import this test module).
     class _CountingHost(CommandHost):
-        """A command host that counts the calls it queues on its loop for the runner's cancels."""
+        """A command host that counts the calls it queues on its loop for the runner's cancels.
+
+        Its runner's cancel of ``wake-0`` fails, as a bug would.
+        """
 
         def __init__(self, config: HostConfig) -> None:
             super().__init__(config)
@@ -878,6 +881,14 @@ def test_one_cancel_call_for_four_jobs_wakes_the_host_loop_once_and_cuts_all_fou
                 return queue_call(callback, *args, **kwargs)
 
             loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+            runner_cancel = self._runner.cancel
+
+            def cancel(command: Any, reason: str) -> bool:
+                if command.id == "wake-0":
+                    raise RuntimeError("planted: this cancel fails")
+                return runner_cancel(command, reason)
+
+            self._runner.cancel = cancel  # type: ignore[method-assign]
 
         def wakes(self) -> int:
             return self.cancel_wakes
@@ -900,14 +911,16 @@ def test_one_cancel_call_for_four_jobs_wakes_the_host_loop_once_and_cuts_all_fou
             assert ray.get(next(stream), timeout=60)[0] == ("started",)
         answers = ray.get(actor.cancel.remote([(id, "user") for id in ids]), timeout=30)
         assert answers == [("cancelling", None)] * 4
-        for stream in streams:
+        for id, stream in zip(ids, streams, strict=True):
             items: list[Any] = []
             while not items or items[-1][0] != "complete":
                 items += ray.get(next(stream), timeout=30)
             facts = items[-1][1].facts
+            assert facts.lifecycle.worker_exited is True  # every one was cut
+            if id == "wake-0":
+                continue  # its runner cancel failed (planted): the others' must not
             assert facts.status is Status.CANCELLED
             assert facts.reason is Reason.USER
-            assert facts.lifecycle.worker_exited is True
         assert ray.get(actor.wakes.remote(), timeout=30) == 1
     finally:
         ray.kill(actor)

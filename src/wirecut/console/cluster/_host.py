@@ -442,7 +442,12 @@ class CommandHost:
     def _cancel_on_loop(self, found: list[tuple[_Job, str]]) -> None:
         for job, reason in found:
             if job.record is not None:
-                self._runner.cancel(job.record, reason)
+                # Each on its own, as when each was a callback of its own: a
+                # cancel that raised must not leave the rest of the batch.
+                try:
+                    self._runner.cancel(job.record, reason)
+                except Exception:
+                    _log.exception("cancelling job %s on the host's runner failed", job.id)
 
     @ray.method(concurrency_group="control")
     def confirm(self, job_id: str) -> bool:
