@@ -671,6 +671,11 @@ def test_a_cut_curator_consolidation_leaves_the_store_as_it_was(
     assert store.dump() == before
     client.complete(client.run("sleep 0"))
     assert sim_requests(console) == requests_before
+    # Nothing written after the cut: not even the newline that ends a reply
+    # read to its end (the reply's own whitespace comes collapsed to spaces).
+    tokens = [f["data"] for f in client.of(id) if f["type"] == "output" and f["stream"] == "token"]
+    assert tokens
+    assert "\n" not in "".join(tokens)
 
 
 def test_an_invalid_plan_through_the_console_changes_nothing(tmp_path: Path) -> None:

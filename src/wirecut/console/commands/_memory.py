@@ -216,7 +216,9 @@ def curator_run(ctx: CommandContext, args: list[str]) -> None:
                 on_progress=lambda line: ctx.write(line + "\n"),
             )
     finally:
-        if streamed:
+        # A reply read to its end ends its line; after a cut, nothing more
+        # is written (a frame each, in the middle of a burst of cancels).
+        if streamed and not ctx.scope.cancelled:
             ctx.token("\n")
 
     lines = [run.skipped] if run.skipped else []
