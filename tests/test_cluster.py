@@ -62,6 +62,7 @@ from wirecut.console.cluster import (  # noqa: E402
     ProviderSpec,
     placement,
 )
+from wirecut.console.cluster import _pool as cluster_pool  # noqa: E402
 from wirecut.console.cluster._host import gathered  # noqa: E402
 from wirecut.console.cluster._pool import CANCEL_CALLS  # noqa: E402
 from wirecut.console.cluster._remote import remote_facts  # noqa: E402
@@ -779,10 +780,14 @@ class _PoolJob:
         self.answered.set()
 
 
-def test_cancels_to_one_host_go_two_calls_at_a_time_and_the_rest_together(
-    cluster: RayCluster,
+def test_cancels_to_one_host_go_two_calls_at_a_time_the_second_gathered_the_rest_together(
+    cluster: RayCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert CANCEL_CALLS == 2
+    # Long enough that no slow turn of this test's loop sends j1 before j2
+    # came, and no call here outlasts its slot.
+    monkeypatch.setattr(cluster_pool, "CANCEL_GATHER", 0.2)
+    monkeypatch.setattr(cluster_pool, "CANCEL_SLOT", 30.0)
     config = HostConfig(
         ProviderSpec("http://127.0.0.1:9/v1"), RunnerLimits(workers=1), lease_seconds=5.0
     )
@@ -816,7 +821,7 @@ def test_cancels_to_one_host_go_two_calls_at_a_time_and_the_rest_together(
         .remote()
     )
     ray.get(gate.calls.remote(), timeout=60)  # started
-    jobs = [_PoolJob(f"j{k}") for k in range(5)]
+    jobs = [_PoolJob(f"j{k}") for k in range(6)]
 
     async def calls(count: int) -> list[list[str]]:
         deadline = time.monotonic() + 30
@@ -830,22 +835,25 @@ def test_cancels_to_one_host_go_two_calls_at_a_time_and_the_rest_together(
         pool = HostPool(config)
         host = Host(name="gate", node_id="gate", actor=gate, slots=1)
         pool.cancel(host, jobs[0], "user")
-        await asyncio.sleep(0)  # the scheduled send runs
+        await asyncio.sleep(0)  # the first call goes at the loop's next turn
         assert await calls(1) == [["j0"]]
         pool.cancel(host, jobs[1], "user")
         await asyncio.sleep(0)
-        # A second call goes while the first is out: no wait for its round trip.
-        assert host.pending_cancels == []
+        # A second call may go while the first is out, but it first waits for
+        # the rest of the burst: not sent at the next turn.
+        assert host.cancel_scheduled
+        assert [job.id for job, _ in host.pending_cancels] == ["j1"]
+        pool.cancel(host, jobs[2], "user")
+        assert await calls(2) == [["j0"], ["j1", "j2"]]  # no wait for the first's answer
         assert host.cancels_in_flight == 2
-        assert await calls(2) == [["j0"], ["j1"]]
-        for job in jobs[2:]:
+        for job in jobs[3:]:
             pool.cancel(host, job, "user")
         await asyncio.sleep(0)
         # Two calls are out: the rest wait for an answer, together.
         assert not host.cancel_scheduled
-        assert [job.id for job, _ in host.pending_cancels] == ["j2", "j3", "j4"]
+        assert [job.id for job, _ in host.pending_cancels] == ["j3", "j4", "j5"]
         await gate.answer_one.remote()
-        assert await calls(3) == [["j0"], ["j1"], ["j2", "j3", "j4"]]
+        assert await calls(3) == [["j0"], ["j1", "j2"], ["j3", "j4", "j5"]]
         for _ in range(2):
             await gate.answer_one.remote()
         for job in jobs:
@@ -855,7 +863,7 @@ def test_cancels_to_one_host_go_two_calls_at_a_time_and_the_rest_together(
         asyncio.run(burst())
     finally:
         ray.kill(gate)
-    assert [job.answers for job in jobs] == [["cancelling"]] * 5
+    assert [job.answers for job in jobs] == [["cancelling"]] * 6
 
 
 def test_one_cancel_call_wakes_the_host_loop_once_and_a_failing_cancel_leaves_the_rest_cut(
