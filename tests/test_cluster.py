@@ -64,7 +64,6 @@ from wirecut.console.cluster import (  # noqa: E402
 )
 from wirecut.console.cluster import _pool as cluster_pool  # noqa: E402
 from wirecut.console.cluster._host import gathered  # noqa: E402
-from wirecut.console.cluster._pool import CANCEL_CALLS  # noqa: E402
 from wirecut.console.cluster._remote import remote_facts  # noqa: E402
 from wirecut.console.runner import Reason, RunnerLimits, Status  # noqa: E402
 from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider  # noqa: E402
@@ -783,7 +782,7 @@ class _PoolJob:
 def test_cancels_to_one_host_go_two_calls_at_a_time_the_second_gathered_the_rest_together(
     cluster: RayCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert CANCEL_CALLS == 2
+    assert cluster_pool.CANCEL_CALLS == 2
     # Long enough that no slow turn of this test's loop sends j1 before j2
     # came, and no call here outlasts its slot.
     monkeypatch.setattr(cluster_pool, "CANCEL_GATHER", 0.2)
