@@ -2,8 +2,9 @@
 
 Systems (``SYSTEMS``):
 
-- ``wirecut``: commands over a real console server's WebSocket; one
-  ``cancel`` frame (no id) cancels them all;
+- ``wirecut``: commands over a real console server's WebSocket, the
+  console in a process of its own (``_console_process``); one ``cancel``
+  frame (no id) cancels them all;
 - ``naive``: ``loop.run_in_executor`` and cancel the waiter (``_naive``);
 - ``anyio-abandon``: ``anyio.to_thread.run_sync(abandon_on_cancel=True)``;
 - ``openai-close``: the official ``openai`` SDK, and ``client.close()`` from
@@ -33,29 +34,29 @@ second) and resident memory per command in flight.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import math
 import os
 import platform
 import tempfile
 import time
-import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from wirecut import __version__
 from wirecut.proof._console_client import ConsoleClient
+from wirecut.proof._console_process import (
+    MAX_TOKENS,
+    NON_STREAM_COMMAND,
+    ConsoleProcess,
+    bench_commands,
+)
 from wirecut.proof._naive import AnyioHost, BaselineJob, ExecutorHost, openai_job, plain_job
 from wirecut.proof._seed import seed_notes
 from wirecut.proof._sim_process import SimProcess
 from wirecut.proof._sim_watch import ProviderSide, provider_side, wait_decoding
 from wirecut.simulator import SimConfig
-
-if TYPE_CHECKING:
-    from wirecut.console.commands import CommandSet
 
 __all__ = [
     "CONCURRENCY",
@@ -72,13 +73,10 @@ __all__ = [
 SYSTEMS = ("wirecut", "naive", "anyio-abandon", "openai-close")
 SCENARIOS = ("stream", "non-stream", "curator")
 CONCURRENCY = (1, 16, 64)
-#: max_tokens of every request: the simulator is endless, so a reply never ends by itself.
-MAX_TOKENS = 4096
 #: How long all commands of a batch may take to reach their first token.
 START_BOUND = 30.0
 #: How long wirecut's complete frames may take (the console's unwind bound, and a margin).
 COMPLETE_BOUND = 15.0
-NON_STREAM_COMMAND = "bench-nonstream"
 
 
 @dataclass(frozen=True)
@@ -225,37 +223,6 @@ class _Batch:
 # -- wirecut, through the console -------------------------------------------------------
 
 
-def bench_commands() -> CommandSet:
-    """The console's commands plus ``bench-nonstream TEXT``.
-
-    The console has no command that makes a real non-streaming request; this
-    one does, through the console's own (scoped) ``ChatClient``, so the
-    non-stream scenario runs through the real console like the others.
-    """
-    from wirecut.console.commands import CommandContext, UsageError, builtin_commands, command
-
-    @command(
-        NON_STREAM_COMMAND,
-        usage=f"{NON_STREAM_COMMAND} TEXT",
-        summary="one real non-streaming chat request (wirecut bench)",
-    )
-    def bench_nonstream(ctx: CommandContext, args: list[str]) -> None:
-        if not args:
-            raise UsageError(f"usage: {NON_STREAM_COMMAND} TEXT")
-        result = ctx.services.chat_client().chat(
-            [{"role": "user", "content": " ".join(args)}],
-            stream=False,
-            wire_stream=False,
-            model=ctx.services.model,
-            max_tokens=ctx.services.max_tokens,
-        )
-        ctx.add_usage(result.usage)
-        ctx.scope.check()  # A cut: the runner reports the cancel.
-        ctx.write(result.text + "\n")
-
-    return builtin_commands().plus(bench_nonstream)
-
-
 def _line(scenario: str, index: int) -> str:
     if scenario == "stream":
         return f"chat Tell me a long story about lighthouse number {index}."
@@ -264,16 +231,8 @@ def _line(scenario: str, index: int) -> str:
     return "curator run --consolidate --yes"
 
 
-@contextlib.contextmanager
-def _console(sim: SimProcess, data_dir: Path, workers: int) -> Iterator[str]:
-    from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
-
-    config = ConsoleConfig(
-        port=0, data_dir=data_dir, workers=workers, command_timeout=300, max_tokens=MAX_TOKENS
-    )
-    provider = Provider(sim.base_url, None, "simulator (bench)")
-    with ConsoleServer(config, provider, commands=bench_commands()) as console:
-        yield console.ws_url
+def _console(sim: SimProcess, data_dir: Path, workers: int) -> ConsoleProcess:
+    return ConsoleProcess(sim.base_url, data_dir, workers)
 
 
 def _received_since(sim: SimProcess, since: int) -> list[str]:
@@ -353,14 +312,6 @@ def _baseline_batch(
 # -- the console's own figures ------------------------------------------------------------
 
 
-def _rss_bytes() -> int | None:
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _throughput(url: str, count: int) -> float:
     """``sleep 0`` commands per second through the console, over four connections."""
     connections = 4
@@ -381,30 +332,25 @@ def _throughput(url: str, count: int) -> float:
             client.close()
 
 
-def _memory_per_command(url: str, n: int) -> tuple[float | None, float]:
+def _memory_per_command(console: ConsoleProcess, n: int) -> tuple[float | None, float]:
     """Per command in flight (``sleep 60``): KiB of resident memory, and of Python heap.
 
-    Resident memory is this whole process's (``/proc/self/statm``; None where
-    there is none): thread stacks and all. Run first, before other work has
-    left freed memory for the commands to reuse. The Python heap part is
+    Resident memory is the whole console process's (``/proc/PID/statm``; None
+    where there is none): thread stacks and all. Run first, before other work
+    has left freed memory for the commands to reuse. The Python heap part is
     what ``tracemalloc`` sees allocated while the commands are in flight.
     """
-    with ConsoleClient(url) as client:
-        gc.collect()
-        before = _rss_bytes()
-        tracemalloc.start()
-        heap_before = tracemalloc.get_traced_memory()[0]
+    with ConsoleClient(console.ws_url) as client:
+        before, _ = console.memory()
+        console.trace()
         ids = {client.run("sleep 60") for _ in range(n)}
         for id in ids:
             client.wait_for(_started, COMPLETE_BOUND, id=id)
-        heap_after = tracemalloc.get_traced_memory()[0]
-        tracemalloc.stop()
-        gc.collect()
-        after = _rss_bytes()
+        after, heap = console.memory()
         client.cancel()
         client.completes(ids, COMPLETE_BOUND)
     resident = None if before is None or after is None else max(0.0, (after - before) / n / 1024)
-    return resident, max(0.0, (heap_after - heap_before) / n / 1024)
+    return resident, max(0.0, (heap or 0) / n / 1024)
 
 
 def _started(frame: dict[str, Any]) -> bool:
@@ -446,9 +392,10 @@ def run_bench(
         data_dir = Path(tmp)
         seed_notes(data_dir)
         on_batch("console: memory per command, `sleep 0` throughput")
-        with SimProcess(settings.sim) as sim, _console(sim, data_dir, workers) as url:
+        with SimProcess(settings.sim) as sim, _console(sim, data_dir, workers) as console:
+            url = console.ws_url
             # First, while the process is fresh (see _memory_per_command).
-            resident, heap = _memory_per_command(url, workers)
+            resident, heap = _memory_per_command(console, workers)
             report.console = {
                 "sleep0_commands_per_second": round(
                     _throughput(url, settings.throughput_commands), 1
@@ -460,10 +407,10 @@ def run_bench(
         for system, scenario, n, batches in plan(settings):
             row = Row(system, scenario, n)
             if system == "wirecut":
-                with SimProcess(settings.sim) as sim, _console(sim, data_dir, workers) as url:
+                with SimProcess(settings.sim) as sim, _console(sim, data_dir, workers) as console:
                     for i in range(batches):
                         on_batch(f"{system} {scenario} x{n} ({i + 1}/{batches})")
-                        row.add(_wirecut_batch(url, sim, scenario, n, settings.window))
+                        row.add(_wirecut_batch(console.ws_url, sim, scenario, n, settings.window))
             else:
                 for i in range(batches):
                     on_batch(f"{system} {scenario} x{n} ({i + 1}/{batches})")

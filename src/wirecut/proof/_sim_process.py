@@ -14,29 +14,19 @@ machine, so they subtract from this process's). Its waits poll, with a
 cursor, every ``POLL`` seconds: another process's log has no condition to
 wait on.
 
-The child leads a session of its own, watched by the scope's group reaper:
-a bench killed with SIGKILL takes the simulator with it instead of leaving
-it listening. A terminal's Ctrl+C reaches the bench alone, whose ``stop()``
-ends the simulator.
+The child leads a session of its own, watched by the scope's group reaper
+(``_child``): a bench killed with SIGKILL takes the simulator with it.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import os
-import queue
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
-from types import TracebackType
-from typing import IO
 
 import httpx
 
-from wirecut.scope import unwatch_group, watch_group
+from wirecut.proof._child import Child, ChildService
 from wirecut.simulator import SimConfig, SimEvent
 
 __all__ = ["POLL", "SimProcess"]
@@ -45,11 +35,9 @@ __all__ = ["POLL", "SimProcess"]
 POLL = 0.01
 #: Seconds the simulator may take to listen.
 START_TIMEOUT = 30.0
-#: Seconds ``stop`` waits after SIGTERM before it kills.
-STOP_TIMEOUT = 5.0
 
 
-class SimProcess:
+class SimProcess(ChildService):
     """``wirecut provider`` in a child process, with ``config``'s settings; a context manager.
 
     Offers the part of ``SimulatorServer`` that the proof tools read:
@@ -63,10 +51,8 @@ class SimProcess:
         if config.model != default:
             raise ValueError(f"a simulator process serves {default!r}, not {config.model!r}")
         self.config = config
-        self._proc: subprocess.Popen[str] | None = None
+        super().__init__(Child("simulator"))
         self._url: str | None = None
-        self._stderr: collections.deque[str] = collections.deque(maxlen=20)
-        self._readers: list[threading.Thread] = []
         self._http: httpx.Client | None = None
 
     def argv(self) -> list[str]:
@@ -84,55 +70,12 @@ class SimProcess:
 
     def start(self, timeout: float = START_TIMEOUT) -> SimProcess:
         """Run the simulator; return once it listens. RuntimeError (with its stderr) if not."""
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self._proc = proc = subprocess.Popen(
-            self.argv(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            # Its own group, which the reaper kills if this process dies first.
-            start_new_session=True,
-        )
-        watch_group(proc.pid)
-        assert proc.stdout is not None
-        assert proc.stderr is not None
-        lines: queue.Queue[str] = queue.Queue()
-        self._readers = [
-            _drain(proc.stdout, lines.put),  # "" at the end: the child exited
-            _drain(proc.stderr, self._stderr.append),
-        ]
-        timed_out = False
-        try:
-            line = lines.get(timeout=timeout)
-        except queue.Empty:
-            line, timed_out = "", True
-        except BaseException:  # Ctrl+C while it starts: no child left behind
-            self.stop()
-            raise
         # "wirecut provider: http://127.0.0.1:PORT/v1 (slots=…)"
-        url = line.partition(": ")[2].split(" ")[0]
-        if not url.startswith("http://"):
-            code = proc.poll()
-            if code is None and line == "" and not timed_out:
-                # Its stdout ended: it is exiting, and its stdout can close a
-                # moment before its exit status is there to read.
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    code = proc.wait(STOP_TIMEOUT)
-            self.stop()  # and all it said is read
-            said = " ".join(line.strip() for line in self._stderr if line.strip()) or "-"
-            if code is not None:
-                raise RuntimeError(f"the simulator exited ({code}) before it listened: {said}")
-            raise RuntimeError(f"the simulator did not listen within {timeout} s: {said}")
-        self._url = url
+        self._url = self._child.start(
+            self.argv(), lambda line: line.partition(": ")[2].split(" ")[0], timeout
+        )
         self._http = httpx.Client(timeout=10.0)
         return self
-
-    @property
-    def pid(self) -> int | None:
-        """The simulator's process id while it runs."""
-        return None if self._proc is None else self._proc.pid
 
     @property
     def base_url(self) -> str:
@@ -171,50 +114,9 @@ class SimProcess:
             time.sleep(min(POLL, remaining))
 
     def stop(self) -> None:
-        """SIGTERM, then SIGKILL after ``STOP_TIMEOUT``; reaps the child. Idempotent."""
+        """SIGTERM, then SIGKILL (``_child.STOP_TIMEOUT`` apart); reaps the child. Idempotent."""
         http, self._http = self._http, None
         if http is not None:
             http.close()
-        proc, self._proc = self._proc, None
         self._url = None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        unwatch_group(proc.pid)  # Reaped: nothing left for the reaper.
-        for reader in self._readers:
-            reader.join(STOP_TIMEOUT)  # at the pipes' end now that the child is gone
-        if not any(reader.is_alive() for reader in self._readers):
-            # Closing a pipe a reader still blocks on would block here too.
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    stream.close()
-
-    def __enter__(self) -> SimProcess:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-
-def _drain(stream: IO[str], put: Callable[[str], None]) -> threading.Thread:
-    """Read ``stream`` to its end on a daemon thread, handing each line, then "", to ``put``."""
-
-    def read() -> None:
-        for line in stream:
-            put(line)
-        put("")
-
-    thread = threading.Thread(target=read, name="wirecut-sim-output", daemon=True)
-    thread.start()
-    return thread
+        self._child.stop()
