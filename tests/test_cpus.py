@@ -1,5 +1,8 @@
 """``wirecut serve --cpus``: the console's threads on the CPUs given, its commands' programs not.
 
+And ``wirecut bench --console-cpus``: the bench's console on the CPUs given,
+the bench and what it starts on the others.
+
 End to end: a real ``wirecut serve --cpus N`` process, every one of its
 threads read from ``/proc``, and the program a ``probe subprocess`` command
 runs read the same way.
@@ -9,13 +12,15 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from _console import serve_argv, serving
-from wirecut._cpus import CpuError, parse_cpus
+from wirecut._cpus import CpuError, confined, parse_cpus
 from wirecut.proof._console_client import ConsoleClient
+from wirecut.proof._console_process import ConsoleProcess
 from wirecut.scope import InterruptScope, set_child_cpus
 
 BOUND = 30.0
@@ -35,19 +40,22 @@ def test_a_malformed_cpu_list_is_refused_naming_it(text: str) -> None:
         parse_cpus(text)
 
 
+@pytest.mark.parametrize(("program", "flag"), [("serve", "--cpus"), ("bench", "--console-cpus")])
 @pytest.mark.parametrize(("given", "word"), [("x", "'x'"), ("4096", "4096")])
-def test_a_bad_cpus_flag_is_a_usage_error_naming_it(tmp_path: Path, given: str, word: str) -> None:
+def test_a_bad_cpu_list_flag_is_a_usage_error_naming_it(
+    tmp_path: Path, program: str, flag: str, given: str, word: str
+) -> None:
+    if program == "serve":
+        argv = serve_argv(tmp_path, flag, given)
+    else:
+        argv = [sys.executable, "-m", "wirecut", program, flag, given]
     result = subprocess.run(
-        serve_argv(tmp_path, "--cpus", given),
-        capture_output=True,
-        text=True,
-        timeout=BOUND,
-        stdin=subprocess.DEVNULL,
+        argv, capture_output=True, text=True, timeout=BOUND, stdin=subprocess.DEVNULL
     )
     assert result.returncode == 2, result
     assert "Traceback" not in result.stderr
     (error,) = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
-    assert "--cpus" in error
+    assert flag in error
     assert word in error
 
 
@@ -108,3 +116,35 @@ def test_scope_popen_starts_its_programs_on_the_cpus_set_for_children() -> None:
     with after.popen(["sleep", "60"], stdin=subprocess.DEVNULL) as proc:
         assert cpus_allowed(proc.pid) == cpus_allowed(os.getpid())  # its starter's again
         after.cancel("done")
+
+
+def test_the_benchs_console_leaves_the_confined_cpus_it_inherits_for_its_own(
+    tmp_path: Path,
+) -> None:
+    """``wirecut bench --console-cpus``: what the bench confines, and what its console pins."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs two CPUs to tell the console's from the rest")
+    mine = cpus_allowed(os.getpid())
+    chosen = allowed[-1]
+    rest = ",".join(map(str, allowed[:-1])) if len(allowed) == 2 else None
+    with confined(frozenset(allowed[:-1])):
+        # Started here, as the bench starts it: it must leave the set it inherits.
+        console = ConsoleProcess("http://127.0.0.1:9/v1", tmp_path, 4, frozenset({chosen}))
+        with console, subprocess.Popen(["sleep", "60"]) as helper:
+            try:
+                with ConsoleClient(console.ws_url) as client:
+                    ids = {client.run("sleep 0") for _ in range(8)}  # workers start on demand
+                    client.completes(ids, BOUND)
+                pid = console.pid
+                assert pid is not None
+                threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+                assert len(threads) >= 3
+                assert {cpus_allowed(pid, tid) for tid in threads} == {str(chosen)}
+                # What the bench starts meanwhile (its simulators) stays off them.
+                if rest is not None:
+                    assert cpus_allowed(helper.pid) == rest
+                assert str(chosen) not in cpus_allowed(helper.pid).split(",")
+            finally:
+                helper.kill()
+    assert cpus_allowed(os.getpid()) == mine  # the bench has every CPU back

@@ -18,11 +18,13 @@ Linux only.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 from wirecut.scope import set_child_cpus
 
-__all__ = ["CpuError", "allowed", "check", "parse_cpus", "pin"]
+__all__ = ["CpuError", "allowed", "check", "confined", "parse_cpus", "pin", "set_threads"]
 
 
 class CpuError(ValueError):
@@ -73,11 +75,34 @@ def pin(cpus: frozenset[int]) -> None:
     """
     check(cpus)
     set_child_cpus(allowed())  # before the pin: the CPUs the process had
+    set_threads(cpus)
+
+
+def set_threads(cpus: frozenset[int]) -> None:
+    """Run every thread of this process, and every thread started later, on ``cpus``.
+
+    No check, no change for the programs ``scope.popen`` starts: ``pin`` is
+    the console's; this is for a process that chose its CPUs before it ran.
+    """
     for task in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(task), cpus)
         except ProcessLookupError:
             pass  # The thread ended meanwhile.
+
+
+@contextlib.contextmanager
+def confined(cpus: frozenset[int]) -> Iterator[None]:
+    """Every thread of this process on ``cpus`` for the block, then back on the CPUs it had.
+
+    A child process started in the block inherits ``cpus``, and keeps them.
+    """
+    had = allowed()
+    set_threads(cpus)
+    try:
+        yield
+    finally:
+        set_threads(had)
 
 
 def _spell(cpus: frozenset[int] | list[int]) -> str:

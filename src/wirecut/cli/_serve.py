@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 import click
 
-from wirecut._cpus import CpuError, check, parse_cpus, pin
+from wirecut._cpus import pin
 from wirecut.cli._data_dir import data_dir_option
 from wirecut.cli._local import model_spec
-from wirecut.cli._options import check_port, is_loopback, seconds, secret
+from wirecut.cli._options import check_port, cpus_of, is_loopback, seconds, secret
 from wirecut.console._limits import RunnerLimits
 
 if TYPE_CHECKING:
@@ -184,7 +184,7 @@ def serve(
     cpus: str | None,
 ) -> None:
     """Run the console: a web page, a WebSocket API and a terminal client's server."""
-    chosen = _cpus_of(cpus)
+    chosen = cpus_of(cpus, "--cpus")
     if no_token and (token is not None or token_file is not None):
         raise click.UsageError("--token/--token-file and --no-token exclude each other")
     token = secret(
@@ -285,16 +285,6 @@ def _provider_url(flag: str | None) -> tuple[str | None, str | None]:
             raise click.BadParameter(problem, param_hint="--provider-url")
         raise click.UsageError(f"${source}: {problem}")
     return None, None
-
-
-def _cpus_of(text: str | None) -> frozenset[int] | None:
-    """The CPUs of ``--cpus``, checked against the ones this process may use (usage error)."""
-    if text is None:
-        return None
-    try:
-        return check(parse_cpus(text))
-    except CpuError as exc:
-        raise click.BadParameter(str(exc), param_hint="--cpus") from None
 
 
 def _check_store(data_dir: Path) -> None:

@@ -34,6 +34,7 @@ second) and resident memory per command in flight.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import platform
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from wirecut import __version__
+from wirecut._cpus import allowed, confined
 from wirecut.proof._console_client import ConsoleClient
 from wirecut.proof._console_process import (
     MAX_TOKENS,
@@ -93,6 +95,9 @@ class BenchSettings:
     baseline_repeats: tuple[tuple[int, int], ...] = ((1, 3),)
     #: ``sleep 0`` commands for the throughput figure.
     throughput_commands: int = 1000
+    #: The console's CPUs (``serve --cpus``); the bench and its simulators then run on the
+    #: others (on every one if none is left). None: every process on every CPU.
+    console_cpus: frozenset[int] | None = None
     sim: SimConfig = field(
         default_factory=lambda: SimConfig(
             slots=64, endless=True, tokens_per_second=20, prompt_ms=50
@@ -125,6 +130,7 @@ class BenchSettings:
                 "endless": self.sim.endless,
             },
             "max_tokens": MAX_TOKENS,
+            "console_cpus": None if self.console_cpus is None else sorted(self.console_cpus),
         }
 
 
@@ -231,8 +237,17 @@ def _line(scenario: str, index: int) -> str:
     return "curator run --consolidate --yes"
 
 
-def _console(sim: SimProcess, data_dir: Path, workers: int) -> ConsoleProcess:
-    return ConsoleProcess(sim.base_url, data_dir, workers)
+def _console(
+    sim: SimProcess, data_dir: Path, workers: int, cpus: frozenset[int] | None
+) -> ConsoleProcess:
+    return ConsoleProcess(sim.base_url, data_dir, workers, cpus)
+
+
+def _confined(console_cpus: frozenset[int] | None) -> contextlib.AbstractContextManager[None]:
+    """This process (the client, the baselines) and its simulators off the console's CPUs."""
+    if console_cpus is None:
+        return contextlib.nullcontext()
+    return confined(allowed() - console_cpus or allowed())
 
 
 def _received_since(sim: SimProcess, since: int) -> list[str]:
@@ -388,11 +403,12 @@ def run_bench(
     began = time.monotonic()
     report = BenchReport(settings)
     workers = max(settings.concurrency)
-    with tempfile.TemporaryDirectory(prefix="wirecut-bench-") as tmp:
+    cpus = settings.console_cpus
+    with tempfile.TemporaryDirectory(prefix="wirecut-bench-") as tmp, _confined(cpus):
         data_dir = Path(tmp)
         seed_notes(data_dir)
         on_batch("console: memory per command, `sleep 0` throughput")
-        with SimProcess(settings.sim) as sim, _console(sim, data_dir, workers) as console:
+        with SimProcess(settings.sim) as sim, _console(sim, data_dir, workers, cpus) as console:
             url = console.ws_url
             # First, while the process is fresh (see _memory_per_command).
             resident, heap = _memory_per_command(console, workers)
@@ -407,7 +423,10 @@ def run_bench(
         for system, scenario, n, batches in plan(settings):
             row = Row(system, scenario, n)
             if system == "wirecut":
-                with SimProcess(settings.sim) as sim, _console(sim, data_dir, workers) as console:
+                with (
+                    SimProcess(settings.sim) as sim,
+                    _console(sim, data_dir, workers, cpus) as console,
+                ):
                     for i in range(batches):
                         on_batch(f"{system} {scenario} x{n} ({i + 1}/{batches})")
                         row.add(_wirecut_batch(console.ws_url, sim, scenario, n, settings.window))
