@@ -11,9 +11,10 @@ deployed console's client is a browser or a terminal in another process.
 ``ConsoleProcess`` runs ``python -m wirecut.proof._console_process`` (the
 console's commands plus ``bench-nonstream``, ``bench_commands``) against a
 provider, and reads its WebSocket URL from its first line. The child answers
-one request on its stdin: ``memory`` (resident memory and the traced Python
-heap, as JSON), with ``trace`` first to start tracing the heap; closing its
-stdin stops it, its commands cancelled. Given CPUs, it runs on them
+two requests on its stdin, a line of JSON each: ``trace`` starts tracing its
+Python heap, and ``memory`` gives its resident memory and the heap traced
+since (and ends the tracing). Closing its stdin stops it, its commands
+cancelled. Given CPUs, it runs on them
 (``wirecut bench --console-cpus``). It leads a session of its own
 (``_child``): a bench killed with SIGKILL takes it with it.
 """
