@@ -28,6 +28,10 @@ The systems:
 - ``ray.cancel task``: the same in a plain task (``num_cpus=0``, one worker
   process each: not run at 64).
 
+The rows of ``ray.cancel`` run after wirecut's: their requests run on
+after the cancel and Ray starts worker processes for them, and a console
+row measured right after one shared the machine with that work.
+
 The scenarios: ``stream`` (tokens are flowing) and ``prefill`` (the request
 waits for its first token, 8 s of simulated prompt: no byte arrives).
 Prints a Markdown table; asserts nothing.
@@ -313,23 +317,31 @@ def run(
             if scenario not in scenarios:
                 continue
             sim = Sim(prompt_ms)
+            cells = [
+                (n, system)
+                for n in (sizes if scenario == "stream" else [n for n in sizes if n <= 16])
+                for system in systems
+                if not (system == "ray.cancel task" and n > 16)
+            ]
+            measured: dict[tuple[int, str], dict[str, Any]] = {}
             try:
-                for n in sizes if scenario == "stream" else [n for n in sizes if n <= 16]:
-                    for system in systems:
-                        if system == "ray.cancel task" and n > 16:
-                            continue
-                        print(f"{scenario} {system} x{n} ...", file=sys.stderr, flush=True)
-                        if system == "local":
-                            totals = run_console(sim, scenario, n, samples, [])
-                        elif system == "cluster":
-                            extra = ["--ray", cluster.address]
-                            totals = run_console(sim, scenario, n, samples, extra)
-                        else:
-                            kind = system.split()[-1]
-                            totals = run_ray(sim, kind, scenario, n, samples, second)
-                        rows.append(row(system, scenario, n, totals))
+                # wirecut's rows first: ``ray.cancel`` leaves work behind (its
+                # requests run to their end, Ray starts worker processes), and
+                # a console row right after one shared the machine with that.
+                for n, system in sorted(cells, key=lambda cell: cell[1].startswith("ray.")):
+                    print(f"{scenario} {system} x{n} ...", file=sys.stderr, flush=True)
+                    if system == "local":
+                        totals = run_console(sim, scenario, n, samples, [])
+                    elif system == "cluster":
+                        extra = ["--ray", cluster.address]
+                        totals = run_console(sim, scenario, n, samples, extra)
+                    else:
+                        kind = system.split()[-1]
+                        totals = run_ray(sim, kind, scenario, n, samples, second)
+                    measured[n, system] = row(system, scenario, n, totals)
             finally:
                 sim.stop()
+            rows += [measured[cell] for cell in cells if cell in measured]
     finally:
         ray.shutdown()
         cluster.stop()
