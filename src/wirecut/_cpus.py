@@ -13,7 +13,9 @@ and, through them, every thread started later. A child process inherits
 its parent thread's set, and a program a command runs (a tool's
 subprocess) is not the console's to confine: ``pin`` has ``scope.popen``
 give those the CPUs the process had (``wirecut.scope.set_child_cpus``).
-Linux only.
+``wirecut bench --console-cpus`` runs its console on the CPUs given
+(``set_threads``, in the console's process) and itself, with what it
+starts, on the others (``confined``). Linux only.
 """
 
 from __future__ import annotations
