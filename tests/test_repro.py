@@ -1,7 +1,8 @@
 """``wirecut repro``: the seed incident replayed, and the facts of its cancel.
 
 Each test runs the real command in a subprocess (``python -m wirecut repro``):
-a simulator and a console in that process, a real WebSocket, a real cancel.
+a console in that process, the simulator in one of its own, a real
+WebSocket, a real cancel.
 The assertions read docs/protocol.md's output form: one ``name: value`` line per
 fact, then the figures, then the timeline; ``baseline:`` before the naive
 host's facts.

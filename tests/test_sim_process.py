@@ -128,3 +128,21 @@ def test_a_simulator_does_not_outlive_a_parent_killed_with_sigkill() -> None:
                 parent.kill()
             if child is not None and not exited(child, 0):
                 os.kill(child, signal.SIGKILL)
+
+
+def test_the_slots_the_child_reports_follow_a_request_from_busy_to_free() -> None:
+    config = SimConfig(slots=1, tokens_per_second=50, prompt_ms=0, endless=True)
+    with SimProcess(config) as sim, httpx.Client(timeout=BOUND) as client:
+        assert [slot["is_processing"] for slot in sim.slots()] == [False]
+        since = sim.next_seq()
+        with client.stream("POST", sim.base_url + "/chat/completions", json=_chat(True)) as r:
+            chunks = r.iter_raw()
+            next(chunks)  # decoding
+            (slot,) = sim.slots()
+            first = sim.wait_for(
+                lambda ev: ev.kind == EventKind.FIRST_TOKEN, timeout=BOUND, since=since
+            )
+            assert slot["is_processing"] is True
+            assert slot["request_id"] == first.request_id
+        sim.wait_for(lambda ev: ev.kind == EventKind.SLOT_FREED, timeout=BOUND, since=since)
+        assert [slot["is_processing"] for slot in sim.slots()] == [False]

@@ -5,8 +5,9 @@ request streamed from llama.cpp (``-np 1``); the user cancelled; the console
 said "cancelled" while its worker thread and the HTTP request ran on, and
 llama.cpp held its only slot for half an hour.
 
-``run_repro`` replays it: a simulator (``--endless``, one slot) or the
-provider given, a console server in-process over a temporary data directory
+``run_repro`` replays it: a simulator (``--endless``, one slot, in a process
+of its own as a provider is) or the provider given, a console server
+in-process over a temporary data directory
 seeded with notes, the command over the WebSocket, and a ``cancel`` once the
 provider is decoding. At the ``complete`` frame it reads the facts
 (docs/protocol.md, "Proof tools"): did the request and the worker exit, did the
@@ -15,8 +16,9 @@ the same command then runs through the naive host (``_naive.ExecutorHost``)
 on the same provider, and its facts are read the same way.
 
 With the simulator, the provider's side is read from its event log, stamped
-in this process. With ``--provider-url`` it is read from what the provider
-exposes (``_watchers``): an upper bound, and "unknown" where it says nothing.
+on this machine's one clock (``SimProcess``). With ``--provider-url`` it is
+read from what the provider exposes (``_watchers``): an upper bound, and
+"unknown" where it says nothing.
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ import httpx
 from wirecut.proof._console_client import ConsoleClient
 from wirecut.proof._naive import ExecutorHost, plain_job
 from wirecut.proof._seed import seed_notes
+from wirecut.proof._sim_process import SimProcess
 from wirecut.proof._sim_watch import provider_side, wait_decoding
 from wirecut.proof._watchers import Poller, Sample, Watcher, identify
-from wirecut.simulator import SimConfig, SimulatorServer
+from wirecut.simulator import SimConfig
 
 __all__ = ["COMMAND", "ReproFacts", "ReproReport", "run_repro"]
 
@@ -115,14 +118,14 @@ class ReproReport:
 
 
 class _SimSide:
-    """The simulator's event log: exact, in this process's clock."""
+    """The simulator's event log: exact, on this machine's one clock."""
 
-    def __init__(self, sim: SimulatorServer) -> None:
+    def __init__(self, sim: SimProcess) -> None:
         self.sim = sim
         self.since = 0
 
     def mark(self) -> None:
-        self.since = self.sim.simulator.event_log.next_seq
+        self.since = self.sim.next_seq()
 
     def wait_decoding(self, fallback: Callable[[float], None]) -> None:
         wait_decoding(self.sim, 1, self.since, START_BOUND)
@@ -312,11 +315,11 @@ def run_repro(
     with tempfile.TemporaryDirectory(prefix="wirecut-repro-") as tmp:
         data_dir = Path(tmp)
         seed_notes(data_dir)
-        sim: SimulatorServer | None = None
+        sim: SimProcess | None = None
         http = httpx.Client()
         try:
             if provider_url is None:
-                sim = SimulatorServer(SimConfig(slots=1, endless=True, prompt_ms=100))
+                sim = SimProcess(SimConfig(slots=1, endless=True, prompt_ms=100))
                 sim.start()
                 base_url = sim.base_url
                 log(f"simulator (endless, one slot) at {base_url}")

@@ -41,8 +41,8 @@ class SimProcess(ChildService):
     """``wirecut provider`` in a child process, with ``config``'s settings; a context manager.
 
     Offers the part of ``SimulatorServer`` that the proof tools read:
-    ``base_url``, ``events(since)``, ``wait_for(match, timeout=, since=)``,
-    and ``next_seq()``. ``config.model`` must be the simulator's default
+    ``base_url``, ``events(since)``, ``slots()``, ``wait_for(match,
+    timeout=, since=)``, and ``next_seq()``. ``config.model`` must be the simulator's default
     (the command line does not set it).
     """
 
@@ -91,6 +91,15 @@ class SimProcess(ChildService):
         response = self._http.get(f"{root}/sim/events", params={"since": since})
         response.raise_for_status()
         return [SimEvent.from_json(item) for item in response.json()]
+
+    def slots(self) -> list[dict[str, object]]:
+        """Each slot, as the simulator's ``GET /slots`` says (``SimulatorServer.slots()``)."""
+        root = self.base_url.removesuffix("/v1")
+        assert self._http is not None  # made with the URL
+        response = self._http.get(f"{root}/slots")
+        response.raise_for_status()
+        slots: list[dict[str, object]] = response.json()
+        return slots
 
     def next_seq(self) -> int:
         """The ``seq`` the next event will have."""
