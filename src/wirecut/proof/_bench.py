@@ -237,12 +237,6 @@ def _line(scenario: str, index: int) -> str:
     return "curator run --consolidate --yes"
 
 
-def _console(
-    sim: SimProcess, data_dir: Path, workers: int, cpus: frozenset[int] | None
-) -> ConsoleProcess:
-    return ConsoleProcess(sim.base_url, data_dir, workers, cpus)
-
-
 def _confined(console_cpus: frozenset[int] | None) -> contextlib.AbstractContextManager[None]:
     """This process (the client, the baselines) and its simulators off the console's CPUs."""
     if console_cpus is None:
@@ -362,10 +356,11 @@ def _memory_per_command(console: ConsoleProcess, n: int) -> tuple[float | None, 
         for id in ids:
             client.wait_for(_started, COMPLETE_BOUND, id=id)
         after, heap = console.memory()
+        assert heap is not None  # traced since trace()
         client.cancel()
         client.completes(ids, COMPLETE_BOUND)
     resident = None if before is None or after is None else max(0.0, (after - before) / n / 1024)
-    return resident, max(0.0, (heap or 0) / n / 1024)
+    return resident, max(0.0, heap / n / 1024)
 
 
 def _started(frame: dict[str, Any]) -> bool:
@@ -408,7 +403,10 @@ def run_bench(
         data_dir = Path(tmp)
         seed_notes(data_dir)
         on_batch("console: memory per command, `sleep 0` throughput")
-        with SimProcess(settings.sim) as sim, _console(sim, data_dir, workers, cpus) as console:
+        with (
+            SimProcess(settings.sim) as sim,
+            ConsoleProcess(sim.base_url, data_dir, workers, cpus) as console,
+        ):
             url = console.ws_url
             # First, while the process is fresh (see _memory_per_command).
             resident, heap = _memory_per_command(console, workers)
@@ -425,7 +423,7 @@ def run_bench(
             if system == "wirecut":
                 with (
                     SimProcess(settings.sim) as sim,
-                    _console(sim, data_dir, workers, cpus) as console,
+                    ConsoleProcess(sim.base_url, data_dir, workers, cpus) as console,
                 ):
                     for i in range(batches):
                         on_batch(f"{system} {scenario} x{n} ({i + 1}/{batches})")
