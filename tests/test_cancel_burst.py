@@ -10,28 +10,18 @@ stops.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
 from _console import running_console
+from _poll import BOUND, until
 from wirecut.console.runner import _core
 from wirecut.provider import ChatClient, ChatResult
 from wirecut.scope import CancelBurst, InterruptScope, cancel_burst
 from wirecut.simulator import SimConfig, SimulatorServer
-
-BOUND = 10.0  # seconds
-
-
-def until(condition: Callable[[], bool], bound: float = BOUND) -> None:
-    """Poll a state another thread changes (no event to wait on); fail after ``bound``."""
-    deadline = time.monotonic() + bound
-    while not condition():
-        assert time.monotonic() < deadline, "the state was never reached"
-        time.sleep(0.005)
 
 
 def hold_back_in_thread(burst: CancelBurst, scope: InterruptScope | None) -> threading.Event:

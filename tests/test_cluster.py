@@ -39,7 +39,7 @@ from typing import Any
 import httpx
 import pytest
 
-from _console import ConsoleClient, wait_health
+from _console import ConsoleClient, health, wait_health
 from _ray_cluster import WORKER_IP, RayCluster, ray_missing
 
 _missing = ray_missing()
@@ -47,6 +47,7 @@ if _missing is not None:
     pytest.skip(_missing, allow_module_level=True)
 
 import ray  # noqa: E402
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 from wirecut.console.cluster import (  # noqa: E402
     NAMESPACE,
@@ -631,6 +632,110 @@ def test_a_killed_serve_process_leaves_no_command_running(
     assert hosts
     assert left == set()
     assert wait_requests_ended(sim) == []
+
+
+# -- the cancel line ----------------------------------------------------------------------------
+
+
+def _receipt(stream: Iterator[Any], timeout: float = 30) -> HostReceipt:
+    items: list[Any] = []
+    while not items or items[-1][0] != "complete":
+        items += ray.get(next(stream), timeout=timeout)
+    receipt: HostReceipt = items[-1][1]
+    return receipt
+
+
+def test_cancels_by_the_line_hold_every_woken_worker_but_the_first_until_the_line_is_quiet(
+    cluster: RayCluster, second: str
+) -> None:
+    # Defined here, so that Ray sends the class itself to the host's node.
+    class _LineHost(CommandHost):
+        """A command host whose line holds a burst for 5 s, and whose held reads wait that long."""
+
+        def __init__(self, config: HostConfig) -> None:
+            from wirecut.console.cluster import _line
+            from wirecut.scope import cancel_burst
+
+            _line.QUIET = 5.0
+            cancel_burst.bound = cancel_burst.longest = 60.0
+            super().__init__(config)
+
+        def burst(self) -> tuple[bool, int]:
+            from wirecut.scope import cancel_burst
+
+            return cancel_burst.under_way, cancel_burst.waiting
+
+    ids = ["line-0", "line-1", "line-2"]
+    with endless_sim() as sim:
+        config = HostConfig(
+            ProviderSpec(sim.base_url),
+            RunnerLimits(workers=3, unwind_timeout=30.0),
+            lease_seconds=60.0,
+            line_token="the-token",
+        )
+        make_remote: Any = ray.remote
+        actor = (
+            make_remote(concurrency_groups={"commands": 3, "control": 4})(_LineHost)
+            .options(
+                num_cpus=0,
+                max_restarts=0,
+                max_task_retries=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(second, soft=False),
+            )
+            .remote(config)
+        )
+        try:
+            identity: HostIdentity = ray.get(actor.where.remote(), timeout=60)
+            assert identity.line_port is not None
+            streams = [
+                iter(actor.run.remote(id, "chat tell me everything", None, None)) for id in ids
+            ]
+            for stream in streams:
+                items: list[Any] = []
+                while not any(item[0] == "output" for item in items):
+                    items += ray.get(next(stream), timeout=30)
+            address = (identity.node_ip, identity.line_port)
+            with socket.create_connection(address, timeout=30) as sock:
+                cancels = [json.dumps([id, "user"]) for id in ids]
+                sock.sendall("\n".join(["the-token", *cancels, ""]).encode())
+                answers = b""
+                while answers.count(b"\n") < len(ids):
+                    answers += sock.recv(4096)
+            assert answers.decode().split() == ["cancelling"] * 3
+            # The first cut's worker is not held: it returns while the burst is ...
+            first = _receipt(streams[0])
+            assert first.facts.status is Status.CANCELLED
+            assert first.facts.lifecycle.worker_exited is True
+            assert ray.get(actor.burst.remote(), timeout=30)[0] is True
+            # ... in which the workers that the later cuts woke wait.
+            deadline = time.monotonic() + 30
+            while ray.get(actor.burst.remote(), timeout=30) != (True, 2):
+                assert time.monotonic() < deadline, ray.get(actor.burst.remote())
+                time.sleep(0.05)
+            for stream in streams[1:]:  # and return once the line was quiet
+                facts = _receipt(stream).facts
+                assert (facts.status, facts.reason) == (Status.CANCELLED, Reason.USER)
+                assert facts.lifecycle.worker_exited is True
+                assert facts.lifecycle.open_requests == 0
+            assert ray.get(actor.burst.remote(), timeout=30) == (False, 0)
+        finally:
+            ray.kill(actor)
+    assert wait_requests_ended(sim) == []
+
+
+def test_a_cancel_to_the_second_node_goes_by_its_cancel_line(remote: Remote, second: str) -> None:
+    node = wait_health(remote.server, lambda h: h["nodes"][second]["cancel_lines"] == 1, 30)
+    node = node["nodes"][second]
+    assert node["cancel_lines"] == 1
+    before = node["cancels"]
+    with remote.client() as c:
+        id = c.run("chat tell me a long story")
+        wait_token(c, id)
+        c.cancel(id)
+        complete = c.complete(id)
+    assert_remote_cut(complete, "user", second)
+    after = health(remote.server)["nodes"][second]["cancels"]
+    assert after == {"line": before["line"] + 1, "ray": before["ray"]}
 
 
 def test_a_lost_node_ends_its_commands_as_lost_never_as_cancelled(

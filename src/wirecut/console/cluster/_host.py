@@ -18,6 +18,10 @@ groups of a threaded actor:
   which is why the cancel path does not depend on Ray's own ``ray.cancel``
   (that cannot interrupt a thread blocked in ``recv``; see docs/cluster.md).
 
+Cancels come first by the host's cancel line (``_line``), a socket of its
+own that a thread of the host reads, and by the ``cancel`` control call
+when there is no line; both end in ``_cancel``.
+
 The lease. The serve process calls ``renew`` every second or so. If no renew
 came for ``lease_seconds`` (the serve process was killed, or cut off), the
 host cancels every command with reason "shutdown" (its scope cuts the
@@ -45,6 +49,7 @@ from typing import Any
 
 import ray
 
+from wirecut.console.cluster._line import CancelLine, LineRequest
 from wirecut.console.commands import CommandContext, Services, Session, Stream
 from wirecut.console.runner import (
     Command,
@@ -56,7 +61,7 @@ from wirecut.console.runner import (
     route_stdio,
 )
 from wirecut.provider import ProviderSpec
-from wirecut.scope import proc_stat
+from wirecut.scope import cancel_burst, proc_stat
 
 __all__ = [
     "MODEL_REQUEST",
@@ -99,12 +104,14 @@ class HostConfig:
     ``limits`` are the host runner's: ``workers`` is how many commands it runs
     at once (its ``commands`` concurrency group), and ``command_timeout`` only
     a backstop for a command the serve process forgot (that process decides
-    the timeouts).
+    the timeouts). ``line_token``, when set, opens the host's cancel line: the
+    serve process's connection sends it first.
     """
 
     provider: ProviderSpec
     limits: RunnerLimits
     lease_seconds: float
+    line_token: str | None = None
 
     @property
     def slots(self) -> int:
@@ -121,6 +128,8 @@ class HostIdentity:
     #: The process's start time in clock ticks since boot (/proc/PID/stat,
     #: field 22): a pid reused by another process has another start time.
     start_ticks: int | None
+    #: The port of its cancel line on ``node_ip``; None when it has none.
+    line_port: int | None = None
 
 
 def _where() -> tuple[str, str]:
@@ -278,7 +287,16 @@ class CommandHost:
         node_id, ip = _where()
         pid = os.getpid()
         stat = proc_stat(pid)
-        self.identity = HostIdentity(node_id, ip, pid, None if stat is None else stat.start_ticks)
+        self._line: CancelLine | None = None
+        if config.line_token is not None:
+            self._line = CancelLine(ip, config.line_token, self._cancel_by_line)
+        self.identity = HostIdentity(
+            node_id,
+            ip,
+            pid,
+            None if stat is None else stat.start_ticks,
+            None if self._line is None else self._line.port,
+        )
         client = config.provider.client()
         # The note store stays with the serve process: no command here touches it.
         services = Services.of(None, config.provider, lambda: client)
@@ -406,6 +424,22 @@ class CommandHost:
         tombstoned and will never run); ``("done", receipt)`` (it had
         finished). Never blocks on a command.
         """
+        return self._cancel(requests)
+
+    def _cancel_by_line(self, requests: list[LineRequest], burst_owner: object) -> list[str]:
+        # On the line's thread; the line holds the burst until it is quiet.
+        return [kind for kind, _ in self._cancel(requests, burst_owner)]
+
+    def _cancel(
+        self, requests: list[tuple[str, str]], burst_owner: object | None = None
+    ) -> list[tuple[str, Any]]:
+        """Cancel each ``(job_id, reason)`` (the answers of ``cancel``), from any thread.
+
+        With a ``burst_owner``, the process's cancel burst is held for it from
+        the first cut on: the workers the cuts wake wait while the rest of a
+        burst comes (``_line``). The first is not held, so a lone cancel's
+        worker goes on at once.
+        """
         answers: list[tuple[str, Any]] = []
         found: list[tuple[_Job, str]] = []
         cut: list[tuple[LocalCommand, str]] = []
@@ -437,6 +471,8 @@ class CommandHost:
         # thread-safe): the host loop may be busy.
         for record, reason in cut:
             record.scope.cancel(reason)
+            if burst_owner is not None:
+                cancel_burst.hold(burst_owner)
         return answers
 
     def _cancel_on_loop(self, found: list[tuple[_Job, str]]) -> None:

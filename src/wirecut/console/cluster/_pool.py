@@ -5,8 +5,9 @@ the cluster (or the ones it was given), a ``NodeWarden`` and a
 ``CommandHost`` with ``slots`` command threads; renews each host's lease and
 reads its counts every ``renew_every`` seconds; notices nodes that joined
 (a host is made for them) and hosts that died (their jobs are told);
-batches cancels per host into one control call; and kills a host, saying
-it is gone only once that node's warden saw the process gone.
+sends cancels by each host's cancel line (``_line``), or batched per host
+into one control call when it has none; and kills a host, saying it is gone
+only once that node's warden saw the process gone.
 
 Hosts are detached actors named ``wirecut-<serve id>-<n>`` in the namespace
 ``wirecut``: they outlive a serve process that was killed, for as long as
@@ -25,7 +26,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
@@ -33,6 +34,7 @@ from ray.exceptions import ActorDiedError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from wirecut.console.cluster._host import CommandHost, HostConfig, HostIdentity, NodeWarden
+from wirecut.console.cluster._line import LineClient
 
 __all__ = ["NAMESPACE", "Host", "HostPool", "HostState"]
 
@@ -93,6 +95,11 @@ class Host:
     cancel_scheduled: bool = False
     cancels_in_flight: int = 0
     renewing: bool = False
+    #: Its cancel line, once connected; cancels go by the control call without one.
+    line: LineClient | None = None
+    #: Cancels sent to it by its line and by the control call (for health).
+    cancels_by_line: int = 0
+    cancels_by_ray: int = 0
     killed: asyncio.Future[bool | None] | None = None
     killed_at: float | None = None
     gone_at: float | None = None
@@ -122,7 +129,8 @@ class HostPool:
         renew_every: float | None = None,
         on_host_gone: Callable[[Host], None] = lambda host: None,
     ) -> None:
-        self.config = config
+        # The hosts' cancel lines take this pool's token only.
+        self.config = replace(config, line_token=config.line_token or secrets.token_urlsafe(24))
         self.serve_id = secrets.token_hex(4)
         self._only_nodes = None if nodes is None else set(nodes)
         self.renew_every = renew_every or max(0.2, min(1.0, config.lease_seconds / 4))
@@ -155,6 +163,8 @@ class HostPool:
             task.cancel()
         for host in self.hosts:
             host.state = HostState.GONE
+            if host.line is not None:
+                host.line.close()
             with contextlib.suppress(Exception):
                 ray.kill(host.actor, no_restart=True)
         for warden in self.wardens.values():
@@ -189,6 +199,18 @@ class HostPool:
     def cancel(self, host: Host, job: Any, reason: str) -> None:
         """Send a cancel for ``job``; the host's answer goes to ``job.on_cancel_answer``.
 
+        Never blocks. By the host's cancel line if it has one: one write,
+        read by a thread of the host that does nothing else. Otherwise (and
+        for what the line cannot settle) by the control call, ``by_ray``.
+        """
+        if host.line is not None and host.line.send(job, reason):
+            host.cancels_by_line += 1
+            return
+        self.by_ray(host, job, reason)
+
+    def by_ray(self, host: Host, job: Any, reason: str) -> None:
+        """Send a cancel for ``job`` by the ``cancel`` control call.
+
         Never blocks. At most ``CANCEL_CALLS`` control calls per host are in
         flight. The first goes at once; one made while another is out waits
         ``CANCEL_GATHER`` for the rest of a burst; the cancels made while both
@@ -196,6 +218,7 @@ class HostPool:
         together: a burst of cancels costs a few calls, not one each, on a
         loop that is busy with the bursts' output too.
         """
+        host.cancels_by_ray += 1
         host.pending_cancels.append((job, reason))
         if host.cancels_in_flight < CANCEL_CALLS and not host.cancel_scheduled:
             host.cancel_scheduled = True
@@ -255,6 +278,8 @@ class HostPool:
             return
         host.state = HostState.GONE
         host.gone_at = time.monotonic()
+        if host.line is not None:
+            host.line.close()
         self.changed.set()
         self._on_host_gone(host)
 
@@ -386,7 +411,9 @@ class HostPool:
 
     async def _await_ready(self, host: Host) -> None:
         try:
-            host.identity = await asyncio.wait_for(host.actor.where.remote(), START_TIMEOUT)
+            where = host.actor.where.remote()
+            identity: HostIdentity = await asyncio.wait_for(where, START_TIMEOUT)
+            host.identity = identity
         except (RayError, TimeoutError) as exc:
             _log.warning(
                 "command host %s on node %s did not start: %s", host.name, host.node_id, exc
@@ -398,6 +425,29 @@ class HostPool:
         if host.state is HostState.STARTING:
             host.state = HostState.READY
             self.changed.set()
+            if identity.line_port is not None:
+                self._spawn(self._connect_line(host, (identity.node_ip, identity.line_port)))
+
+    async def _connect_line(self, host: Host, address: tuple[str, int]) -> None:
+        # Until it is connected (or if it cannot be), cancels go by the control call.
+        token = self.config.line_token
+        assert token is not None
+        try:
+            line = await LineClient.connect(
+                address, token, lambda job, reason: self.by_ray(host, job, reason), name=host.name
+            )
+        except (OSError, TimeoutError) as exc:
+            _log.warning(
+                "cannot connect the cancel line of %s at %s:%s (%s): its cancels go by Ray",
+                host.name,
+                *address,
+                exc,
+            )
+            return
+        if host.state is HostState.GONE:
+            line.close()
+        else:
+            host.line = line
 
     # -- health ---------------------------------------------------------------------------
 
@@ -416,9 +466,14 @@ class HostPool:
                     "workers": {"max": 0, "busy": 0, "queued": 0, "leaked": 0},
                     "requests": {"open": 0},
                     "processes": {"open": 0},
+                    "cancel_lines": 0,
+                    "cancels": {"line": 0, "ray": 0},
                 },
             )
             entry["hosts"][host.state.value] += 1
+            entry["cancel_lines"] += 0 if host.line is None or host.line.closed else 1
+            entry["cancels"]["line"] += host.cancels_by_line
+            entry["cancels"]["ray"] += host.cancels_by_ray
             workers = host.counts.get("workers", {})
             entry["workers"]["max"] += host.slots
             entry["workers"]["busy"] += int(workers.get("busy", 0))
