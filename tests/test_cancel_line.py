@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 
 from _poll import BOUND, until
-from wirecut.console.cluster import _line
+from wirecut.console.cluster import HostConfig, ProviderSpec, _line
 from wirecut.console.cluster._line import CancelLine, LineClient, LineRequest
+from wirecut.console.runner import RunnerLimits
 from wirecut.scope import cancel_burst
 
 TOKEN = "s3cret-token"
@@ -107,6 +108,41 @@ def test_after_the_token_each_cancel_is_answered_in_order(line: CancelLine, host
         sock.sendall(request("c", "disconnect"))
         assert read_lines(sock, 1) == ["cancelling"]
     assert host.requests == [("a", "user"), ("b ☃\n\t", "timeout"), ("c", "disconnect")]
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.create_server(("::1", 0), family=socket.AF_INET6):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+def test_a_host_on_an_ipv6_address_has_a_line_too(host: Host) -> None:
+    line = CancelLine("::1", TOKEN, host)
+
+    async def main() -> Job:
+        job = Job("v6")
+        client = await LineClient.connect(line.address, TOKEN, Ray())
+        assert client.send(job, "user")
+        await wait_for(lambda: job.answers == ["cancelling"])
+        client.close()
+        await client.wait_closed()
+        return job
+
+    try:
+        asyncio.run(main())
+    finally:
+        line.close()
+    assert host.requests == [("v6", "user")]
+
+
+def test_the_token_is_not_in_a_host_configs_repr() -> None:
+    config = HostConfig(
+        ProviderSpec("http://127.0.0.1:9/v1"), RunnerLimits(), 5.0, line_token=TOKEN
+    )
+    assert TOKEN not in repr(config)
 
 
 def test_the_hosts_answer_kinds_reach_the_wire(host: Host, line: CancelLine) -> None:

@@ -111,7 +111,7 @@ class HostConfig:
     provider: ProviderSpec
     limits: RunnerLimits
     lease_seconds: float
-    line_token: str | None = None
+    line_token: str | None = field(default=None, repr=False)
 
     @property
     def slots(self) -> int:
@@ -289,7 +289,10 @@ class CommandHost:
         stat = proc_stat(pid)
         self._line: CancelLine | None = None
         if config.line_token is not None:
-            self._line = CancelLine(ip, config.line_token, self._cancel_by_line)
+            try:
+                self._line = CancelLine(ip, config.line_token, self._cancel_by_line)
+            except OSError as exc:  # the cancels then come by the control call
+                _log.warning("cannot open a cancel line on %s: %s", ip, exc)
         self.identity = HostIdentity(
             node_id,
             ip,

@@ -112,7 +112,8 @@ class CancelLine:
         self._cancel = cancel
         self._quiet = QUIET if quiet is None else quiet
         self._token_seconds = token_seconds
-        self._listener = socket.create_server((address, 0))
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        self._listener = socket.create_server((address, 0), family=family)
         self._listener.setblocking(False)
         self.address: tuple[str, int] = self._listener.getsockname()[:2]
         self._wake_read, self._wake_write = socket.socketpair()
