@@ -738,6 +738,26 @@ def test_a_cancel_to_the_second_node_goes_by_its_cancel_line(remote: Remote, sec
     assert after == {"line": before["line"] + 1, "ray": before["ray"]}
 
 
+def test_where_the_line_cannot_connect_cancels_go_by_ray_and_still_cut(
+    second: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def refused(*args: Any, **kwargs: Any) -> Any:
+        raise ConnectionRefusedError("planted: a firewall between the nodes")
+
+    monkeypatch.setattr(cluster_pool.LineClient, "connect", refused)
+    with endless_sim() as sim, cluster_console(tmp_path, sim, nodes=[second]) as running:
+        with running.client() as c:
+            id = c.run("chat tell me a long story")
+            wait_token(c, id)
+            c.cancel(id)
+            complete = c.complete(id)
+        node = health(running.server)["nodes"][second]
+    assert_remote_cut(complete, "user", second)
+    assert (node["cancel_lines"], node["cancels"]) == (0, {"line": 0, "ray": 1})
+    assert "cannot connect the cancel line" in caplog.text
+    assert wait_requests_ended(sim) == []
+
+
 def test_a_lost_node_ends_its_commands_as_lost_never_as_cancelled(
     cluster: RayCluster, second: str, tmp_path: Path
 ) -> None:
