@@ -97,6 +97,7 @@ class CancelLine:
 
     ``cancel`` runs on that thread, one call per read with every request the
     read completed. It must never block: it cuts, and queues the rest.
+    ``quiet`` is ``QUIET`` unless given, read when the line is made.
     """
 
     def __init__(
