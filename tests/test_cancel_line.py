@@ -198,6 +198,27 @@ def test_a_line_longer_than_the_bound_closes_the_connection(
     assert host.calls == []
 
 
+def test_a_cancel_that_raises_on_the_host_closes_its_connection_not_the_line(
+    host: Host,
+) -> None:
+    def cancel(requests: list[LineRequest], owner: object) -> list[str]:
+        if requests[0][0] == "bug":
+            raise RuntimeError("planted: the host's cancel failed")
+        return host(requests, owner)
+
+    line = CancelLine("127.0.0.1", TOKEN, cancel)
+    try:
+        with connect(line) as first:
+            first.sendall(TOKEN.encode() + b"\n" + request("bug"))
+            assert closed_by_peer(first)
+        with connect(line) as second:
+            second.sendall(TOKEN.encode() + b"\n" + request("after"))
+            assert read_lines(second, 1) == ["cancelling"]
+    finally:
+        line.close()
+    assert host.requests == [("after", "user")]
+
+
 def test_a_connection_beyond_the_limit_is_closed_and_the_others_still_cancel(
     line: CancelLine, host: Host
 ) -> None:

@@ -150,7 +150,7 @@ class CancelLine:
                     if key.fileobj is self._listener:
                         self._accept()
                     elif key.fileobj is not self._wake_read:
-                        self._read(key.data)
+                        self._read_guarded(key.data)
                 self._expire()
         except Exception:
             _log.exception("the host's cancel line failed: its cancels go by Ray")
@@ -189,13 +189,25 @@ class CancelLine:
         if len(self._connections) >= MAX_CONNECTIONS:
             sock.close()
             return
-        sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        # Answers are a few bytes each: a client that reads none fills this soon.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # Answers are a few bytes each: a client that reads none fills this soon.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+        except OSError:  # reset by its client already
+            sock.close()
+            return
         connection = _Connection(sock, time.monotonic() + self._token_seconds)
         self._connections[sock] = connection
         self._selector.register(sock, selectors.EVENT_READ, connection)
+
+    def _read_guarded(self, connection: _Connection) -> None:
+        # What goes wrong with one connection ends that one, not the line.
+        try:
+            self._read(connection)
+        except Exception:
+            _log.exception("a connection of the host's cancel line failed: it is closed")
+            self._drop(connection)
 
     def _read(self, connection: _Connection) -> None:
         try:
@@ -252,7 +264,7 @@ class CancelLine:
 def _request(line: bytes) -> LineRequest | None:
     try:
         value = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if (
         isinstance(value, list)
