@@ -736,6 +736,10 @@ def test_a_cancel_to_the_second_node_goes_by_its_cancel_line(remote: Remote, sec
     assert_remote_cut(complete, "user", second)
     after = health(remote.server)["nodes"][second]["cancels"]
     assert after == {"line": before["line"] + 1, "ray": before["ray"]}
+    labels = f'ip="{WORKER_IP}",node="{second}"'
+    assert metric(remote.server, f"wirecut_node_cancel_lines{{{labels}}}") == 1
+    for way, count in after.items():
+        assert metric(remote.server, f'wirecut_node_cancels_total{{{labels},way="{way}"}}') == count
 
 
 def test_where_the_line_cannot_connect_cancels_go_by_ray_and_still_cut(

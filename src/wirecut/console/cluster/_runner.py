@@ -50,7 +50,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from wirecut.console.cluster._host import HostConfig
@@ -446,6 +446,16 @@ class _NodeCollector(Collector):
         alive = GaugeMetricFamily(
             "wirecut_node_alive", "1 if the node is alive.", labels=["node", "ip"]
         )
+        lines = GaugeMetricFamily(
+            "wirecut_node_cancel_lines",
+            "Command hosts on each node whose cancel line is connected.",
+            labels=["node", "ip"],
+        )
+        cancels = CounterMetricFamily(
+            "wirecut_node_cancels",
+            "Cancels sent to each node's command hosts, by way: line or ray.",
+            labels=["node", "ip", "way"],
+        )
         for node, entry in nodes.items():
             values = [node, entry["ip"] or ""]
             for key, gauge in gauges.items():
@@ -453,7 +463,13 @@ class _NodeCollector(Collector):
             requests.add_metric(values, entry["requests"]["open"])
             processes.add_metric(values, entry["processes"]["open"])
             alive.add_metric(values, 1 if entry["alive"] else 0)
+            if "cancels" in entry:  # a node of command hosts, not "local"
+                lines.add_metric(values, entry["cancel_lines"])
+                for way, count in entry["cancels"].items():
+                    cancels.add_metric([*values, way], count)
         yield from gauges.values()
         yield requests
         yield processes
         yield alive
+        yield lines
+        yield cancels
