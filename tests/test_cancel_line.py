@@ -37,14 +37,12 @@ class Host:
     def __init__(self, kind: str = "cancelling") -> None:
         self.kind = kind
         self.calls: list[list[LineRequest]] = []
-        self.called = threading.Event()
         self.gate: threading.Event | None = None
 
     def __call__(self, requests: list[LineRequest], owner: object) -> list[str]:
         if self.gate is not None:
             self.gate.wait(BOUND)
         self.calls.append(list(requests))
-        self.called.set()
         return [self.kind] * len(requests)
 
     @property
