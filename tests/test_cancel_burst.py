@@ -9,18 +9,23 @@ stops.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from _console import running_console
 from _poll import BOUND, until
 from wirecut.console.runner import _core
+from wirecut.console.runner._pool import WorkerPool
 from wirecut.provider import ChatClient, ChatResult
-from wirecut.scope import CancelBurst, InterruptScope, cancel_burst
+from wirecut.scope import CancelBurst, InterruptScope, MockClock, _process, cancel_burst
 from wirecut.simulator import SimConfig, SimulatorServer
 
 
@@ -191,3 +196,155 @@ def test_a_console_that_stops_during_a_burst_lets_go_of_it(
         assert client.complete(id)["status"] == "cancelled"
         assert cancel_burst.under_way
     assert not cancel_burst.under_way
+
+
+def test_a_cancel_all_of_several_commands_holds_the_burst(tmp_path: Path) -> None:
+    # A burst from before its first cut: the workers it cut unwind after it,
+    # on one CPU (the next section).
+    until(lambda: not cancel_burst.under_way)  # no runner of an earlier test kept it
+    with running_console(tmp_path, workers=2) as console, console.client() as client:
+        ids = [client.run("chat tell me a long story") for _ in range(2)]
+        for id in ids:
+            client.wait_output(id)
+        begun = cancel_burst.begun
+        client.cancel()
+        assert [client.complete(id)["status"] for id in ids] == ["cancelled", "cancelled"]
+        assert cancel_burst.begun == begun + 1
+        until(lambda: not cancel_burst.under_way)
+
+
+# -- the turns after a burst, on one CPU ---------------------------------------------------
+
+two_cpus = pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="moving threads between CPUs needs Linux and two CPUs",
+)
+
+
+def cpus_of(thread_id: int) -> frozenset[int]:
+    return frozenset(os.sched_getaffinity(thread_id))
+
+
+class Parked:
+    """A thread that waits until told, in ``burst.member()`` if a burst is given.
+
+    ``run(fn)`` runs ``fn`` on it and returns what ``fn`` returned.
+    """
+
+    def __init__(self, burst: CancelBurst | None) -> None:
+        self._burst = burst
+        self._jobs: queue.Queue[tuple[Callable[[], Any], Future[Any]] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+        self.id: int = self.run(threading.get_native_id)
+
+    def _serve(self) -> None:
+        with self._burst.member() if self._burst is not None else contextlib.nullcontext():
+            while (job := self._jobs.get()) is not None:
+                fn, future = job
+                future.set_result(fn())
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        future: Future[Any] = Future()
+        self._jobs.put((fn, future))
+        return future.result(BOUND)
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        self._thread.join(BOUND)
+
+
+@pytest.fixture
+def parked() -> Iterator[Callable[[CancelBurst | None], Parked]]:
+    threads: list[Parked] = []
+
+    def park(burst: CancelBurst | None) -> Parked:
+        threads.append(Parked(burst))
+        return threads[-1]
+
+    yield park
+    for thread in threads:
+        thread.stop()
+
+
+def burst_in(thread: Parked, burst: CancelBurst) -> None:
+    owner = object()
+    thread.run(lambda: burst.hold(owner))
+    thread.run(lambda: burst.release(owner))
+
+
+@two_cpus
+def test_a_burst_ends_with_its_threads_on_the_releasers_cpu_until_one_cpu_for_has_passed(
+    parked: Callable[[CancelBurst | None], Parked],
+) -> None:
+    clock = MockClock()
+    burst = CancelBurst(bound=60, one_cpu_for=0.1, clock=clock)
+    home = cpus_of(threading.get_native_id())
+    releaser, member, outsider = parked(None), parked(burst), parked(None)
+    burst_in(releaser, burst)
+    one = cpus_of(releaser.id)
+    assert len(one) == 1
+    assert one < home
+    assert (cpus_of(member.id), cpus_of(outsider.id)) == (one, home)
+    # A thread started on that CPU meanwhile starts there ...
+    started = member.run(lambda: parked(None))
+    assert cpus_of(started.id) == one
+    clock.jump(0.099)
+    assert cpus_of(member.id) == one
+    clock.jump(0.001)
+    # ... and goes back with the others.
+    assert [cpus_of(t.id) for t in (releaser, member, started, outsider)] == [home] * 4
+    assert (burst.on_one_cpu, burst.home) == (1, home)
+
+
+@two_cpus
+def test_a_burst_on_one_cpu_already_moves_nothing(
+    parked: Callable[[CancelBurst | None], Parked],
+) -> None:
+    burst = CancelBurst(bound=60, one_cpu_for=0.1, clock=MockClock())
+    home = cpus_of(threading.get_native_id())
+    releaser, member = parked(None), parked(burst)
+    pinned = frozenset({min(home)})
+    releaser.run(lambda: os.sched_setaffinity(0, pinned))  # as `serve --cpus` would
+    burst_in(releaser, burst)
+    assert (cpus_of(releaser.id), cpus_of(member.id), burst.on_one_cpu) == (pinned, home, 0)
+
+
+@two_cpus
+def test_a_program_started_on_the_bursts_cpu_gets_the_cpus_the_burst_took_the_threads_from(
+    parked: Callable[[CancelBurst | None], Parked], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    burst = CancelBurst(bound=60, one_cpu_for=0.1, clock=MockClock())
+    monkeypatch.setattr(_process, "cancel_burst", burst)
+    home = cpus_of(threading.get_native_id())
+    releaser = parked(None)
+    burst_in(releaser, burst)
+    scope = InterruptScope("programs")
+    with scope:
+        child = releaser.run(lambda: scope.popen(["sleep", "30"]))
+        try:
+            assert len(cpus_of(releaser.id)) == 1  # it was started from the one CPU
+            assert frozenset(os.sched_getaffinity(child.pid)) == home
+        finally:
+            scope.cancel("test")
+            child.wait(BOUND)
+
+
+@two_cpus
+def test_the_worker_pools_threads_take_part_in_the_processs_bursts(
+    parked: Callable[[CancelBurst | None], Parked],
+) -> None:
+    home = cpus_of(threading.get_native_id())
+    pool = WorkerPool(1, name="burst-member")
+    ids: queue.Queue[int] = queue.Queue()
+    release = threading.Event()
+    try:
+        pool.submit(lambda: (ids.put(threading.get_native_id()), release.wait(BOUND)))
+        worker = ids.get(timeout=BOUND)
+        burst_in(parked(None), cancel_burst)
+        assert len(cpus_of(worker)) == 1
+        # The process's burst sends it back by itself, ``one_cpu_for`` later.
+        until(lambda: cpus_of(worker) == home)
+    finally:
+        release.set()
+        pool.shutdown()

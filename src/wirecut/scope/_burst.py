@@ -16,16 +16,36 @@ lone cancel costs its own command nothing. Waiting is bounded twice: at most
 ``longest`` (a canceller that never let go slows reads down for a moment, it
 never stops them).
 
+The turns after a burst are taken on one CPU. A turn of the GIL given to a
+thread asleep on another CPU is a wake-up across CPUs, dearer than the turn
+(on a virtual machine, a trip through the hypervisor): a burst of 64 ran a
+fifth to a quarter more CPU on two CPUs than on one (docs/architecture.md,
+"One CPU for a burst"). So when a burst ends, its releaser and the threads
+that take part in bursts (``member()``: the console's workers) are put on
+the CPU the releaser runs on before the held reads are let go, and
+``one_cpu_for`` seconds later every thread still there goes back to the
+CPUs it had, the threads started meanwhile included; ``scope.popen`` gives
+the programs it starts those CPUs (they are not the burst's to confine).
+Linux, where the process may run on more than one CPU; elsewhere, or with
+``one_cpu_for=None`` (the default of a ``CancelBurst`` made by hand),
+nothing moves.
+
 The process has one, ``cancel_burst``: the GIL is the process's. Stdlib only;
 safe from any thread.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import math
+import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
+
+from wirecut.scope._timers import SYSTEM_CLOCK, Clock, TimerHandle
 
 if TYPE_CHECKING:
     from wirecut.scope._interrupt_scope import InterruptScope
@@ -33,14 +53,76 @@ if TYPE_CHECKING:
 __all__ = ["CancelBurst", "cancel_burst"]
 
 
+def _load_getcpu() -> Callable[[], int] | None:
+    """libc's ``sched_getcpu()``, called without releasing the GIL; None without Linux's affinity.
+
+    Without the GIL released: in a burst, a call that lets go of it hands it
+    to a woken worker (the reason ``cut_socket`` holds it through ``shutdown``).
+    """
+    if not hasattr(os, "sched_setaffinity") or not os.path.isdir("/proc/self/task"):
+        return None
+    try:
+        function = ctypes.PyDLL(None).sched_getcpu
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = []
+    function.restype = ctypes.c_int
+    return function
+
+
+_getcpu = _load_getcpu()
+
+
+def _move(thread_ids: Iterator[int] | set[int], cpus: frozenset[int]) -> None:
+    for thread_id in thread_ids:
+        try:
+            os.sched_setaffinity(thread_id, cpus)
+        except OSError:
+            pass  # It ended meanwhile, or the system refused: it stays where it is.
+
+
+def _threads_on(cpus: frozenset[int]) -> Iterator[int]:
+    """The threads of this process that may run on ``cpus`` and nowhere else."""
+    for entry in os.listdir("/proc/self/task"):
+        try:
+            if os.sched_getaffinity(int(entry)) == cpus:
+                yield int(entry)
+        except OSError:
+            pass  # It ended meanwhile.
+
+
 class CancelBurst:
     """Held by cancellers while they cut; scoped reads wait until no canceller holds it."""
 
-    def __init__(self, *, bound: float = 0.02, longest: float = 0.25) -> None:
+    def __init__(
+        self,
+        *,
+        bound: float = 0.02,
+        longest: float = 0.25,
+        one_cpu_for: float | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         #: The most one read waits for a burst to end, in seconds.
         self.bound = bound
         #: A burst older than this (seconds) holds no read back any more.
         self.longest = longest
+        #: How long after a burst its threads stay on one CPU (seconds): the
+        #: workers it held unwind after it ends (64 of them: 10 to 20 ms).
+        #: None: they are never moved.
+        self.one_cpu_for = one_cpu_for
+        self._clock = clock
+        #: The native ids of the threads that take part in every burst.
+        self._members: set[int] = set()
+        #: While a burst's threads are on one CPU: that CPU, those threads, and
+        #: when they go back.
+        self._one_cpu: frozenset[int] | None = None
+        self._moved: set[int] = set()
+        self._back: TimerHandle | None = None
+        #: The CPUs the burst's threads go back to, from the first burst on:
+        #: the process's, which ``scope.popen`` gives the programs it starts.
+        self.home: frozenset[int] | None = None
+        #: Bursts whose threads were put on one CPU, since the process started.
+        self.on_one_cpu = 0
         self._lock = threading.Lock()
         self._holders: set[object] = set()
         self._over = threading.Event()
@@ -74,7 +156,58 @@ class CancelBurst:
         with self._lock:
             self._holders.discard(owner)
             if not self._holders:
+                self._to_one_cpu_locked()
                 self._over.set()
+
+    @contextlib.contextmanager
+    def member(self) -> Iterator[None]:
+        """The calling thread takes part in every burst while in the block (a worker's loop)."""
+        thread_id = threading.get_native_id()
+        with self._lock:
+            self._members.add(thread_id)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._members.discard(thread_id)
+
+    def _to_one_cpu_locked(self) -> None:
+        """The releaser and the members on the releaser's CPU, until ``one_cpu_for`` from now.
+
+        At the end of the burst, not its start: the cuts wake the workers
+        they cut, and a woken thread on the canceller's CPU takes that CPU
+        from the canceller (the provider then saw its close later, 5.3
+        against 4.1 ms at the median of a burst of 64). Held, the threads
+        sleep; let go, they wake on the one CPU.
+        """
+        if self.one_cpu_for is None or _getcpu is None:
+            return
+        if self._one_cpu is None:
+            home = frozenset(os.sched_getaffinity(0))
+            cpu = _getcpu()
+            if len(home) < 2 or cpu not in home:
+                return  # One CPU already (``serve --cpus 1``), or none that it could name.
+            self.home = home
+            self._one_cpu = frozenset({cpu})
+            self.on_one_cpu += 1
+        moving = ({threading.get_native_id()} | self._members) - self._moved
+        _move(moving, self._one_cpu)
+        self._moved |= moving
+        if self._back is not None:
+            self._back.cancel()
+        self._back = self._clock.call_later(self.one_cpu_for, self._go_back)
+
+    def _go_back(self) -> None:
+        """On the timer thread: every thread on the burst's CPU back to the CPUs it had."""
+        with self._lock:
+            # Under the lock: a burst that ends meanwhile finds them where they are.
+            if self._one_cpu is None or self.home is None:
+                return
+            self._back = None
+            one, home, self._one_cpu = self._one_cpu, self.home, None
+            # Those it moved, and the threads they started meanwhile.
+            _move(self._moved | set(_threads_on(one)), home)
+            self._moved = set()
 
     def hold_back(self, scope: InterruptScope | None) -> None:
         """Called by a thread that a read has just returned to: wait while a burst is under way.
@@ -101,4 +234,4 @@ class CancelBurst:
 
 
 #: The process's burst (there is one GIL to take turns at).
-cancel_burst = CancelBurst()
+cancel_burst = CancelBurst(one_cpu_for=0.1)

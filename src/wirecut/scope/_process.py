@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from wirecut.scope._burst import cancel_burst
 from wirecut.scope._errors import Interrupted
 from wirecut.scope._reaper import unwatch_group, watch_group
 from wirecut.scope._timers import is_never
@@ -348,7 +349,9 @@ class ScopedPopen(subprocess.Popen[Any]):
         # Its own session: nothing kills it when we die, unless the reaper
         # does (a SIGKILL of `wirecut serve` left `sleep 3600` running).
         watch_group(self.pid)
-        cpus = _child_cpus.cpus
+        # Started by a thread that a burst of cancels put on one CPU for a
+        # moment, it would keep that CPU for good: it gets the burst's home.
+        cpus = _child_cpus.cpus if _child_cpus.cpus is not None else cancel_burst.home
         if cpus is not None:
             try:
                 os.sched_setaffinity(self.pid, cpus)

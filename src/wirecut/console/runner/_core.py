@@ -320,11 +320,17 @@ class RunnerCore:
         a burst of 64 cuts was paced by the woken workers' unwinding.
         """
         why = Reason(reason)
+        commands = list(commands)
         claimed: list[Command] = []
         failed: BaseException | None = None
         try:
             with _uninterrupted():
-                for command in list(commands):
+                if len(commands) > 1:
+                    # A burst from before the first cut: the workers the cuts
+                    # wake wait for its end, and unwind after it on one CPU
+                    # (``cancel_burst``). A lone command's is not held.
+                    self._cutting()
+                for command in commands:
                     if self._claim(command, why):
                         claimed.append(command)
                         try:

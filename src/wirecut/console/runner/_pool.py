@@ -22,6 +22,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from wirecut.scope import cancel_burst
+
 __all__ = ["WorkerPool"]
 
 T = TypeVar("T")
@@ -111,6 +113,11 @@ class WorkerPool:
         thread.start()
 
     def _work(self) -> None:
+        # A burst of cancels puts its workers on one CPU while they take turns.
+        with cancel_burst.member():
+            self._take_work()
+
+    def _take_work(self) -> None:
         me = threading.current_thread()
         while True:
             with self._cond:
