@@ -55,6 +55,30 @@ def test_a_read_waits_while_the_burst_is_held_and_goes_on_once_released() -> Non
     assert (burst.begun, burst.reads_held, burst.waiting, burst.under_way) == (1, 1, 0, False)
 
 
+def test_every_read_held_goes_on_once_released() -> None:
+    # They go one after another: each lets the next go.
+    burst = CancelBurst(bound=60)
+    owner = object()
+    burst.hold(owner)
+    returned = [hold_back_in_thread(burst, None) for _ in range(3)]
+    until(lambda: burst.waiting == 3)
+    burst.release(owner)
+    assert all(event.wait(BOUND) for event in returned)
+    assert (burst.reads_held, burst.waiting) == (3, 0)
+
+
+def test_a_release_by_a_non_holder_changes_nothing() -> None:
+    burst = CancelBurst(bound=60)
+    owner = object()
+    burst.release(owner)  # no burst: nothing to end
+    burst.hold(owner)
+    burst.release(object())
+    assert burst.under_way
+    burst.release(owner)
+    burst.release(owner)  # again: a no-op
+    assert not burst.under_way
+
+
 def test_the_burst_lasts_until_its_last_holder_lets_go() -> None:
     burst = CancelBurst(bound=60)
     first, second = object(), object()
