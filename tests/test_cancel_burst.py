@@ -56,7 +56,6 @@ def test_a_read_waits_while_the_burst_is_held_and_goes_on_once_released() -> Non
 
 
 def test_every_read_held_goes_on_once_released() -> None:
-    # They go one after another: each lets the next go.
     burst = CancelBurst(bound=60)
     owner = object()
     burst.hold(owner)
@@ -65,18 +64,6 @@ def test_every_read_held_goes_on_once_released() -> None:
     burst.release(owner)
     assert all(event.wait(BOUND) for event in returned)
     assert (burst.reads_held, burst.waiting) == (3, 0)
-
-
-def test_a_release_by_a_non_holder_changes_nothing() -> None:
-    burst = CancelBurst(bound=60)
-    owner = object()
-    burst.release(owner)  # no burst: nothing to end
-    burst.hold(owner)
-    burst.release(object())
-    assert burst.under_way
-    burst.release(owner)
-    burst.release(owner)  # again: a no-op
-    assert not burst.under_way
 
 
 def test_the_burst_lasts_until_its_last_holder_lets_go() -> None:
@@ -319,6 +306,27 @@ def test_a_burst_ends_with_its_threads_on_the_releasers_cpu_until_one_cpu_for_ha
     # ... and goes back with the others.
     assert [cpus_of(t.id) for t in (releaser, member, started, outsider)] == [home] * 4
     assert (burst.on_one_cpu, burst.home) == (1, home)
+
+
+@two_cpus
+def test_a_release_by_a_thread_that_holds_no_part_of_the_burst_moves_nothing(
+    parked: Callable[[CancelBurst | None], Parked],
+) -> None:
+    clock = MockClock()
+    burst = CancelBurst(bound=60, one_cpu_for=0.1, clock=clock)
+    home = cpus_of(threading.get_native_id())
+    releaser, member = parked(None), parked(burst)
+    owner = object()
+    releaser.run(lambda: burst.release(owner))  # no burst
+    releaser.run(lambda: burst.hold(owner))
+    releaser.run(lambda: burst.release(object()))  # not its burst
+    assert burst.under_way
+    assert cpus_of(member.id) == home
+    releaser.run(lambda: burst.release(owner))
+    assert len(cpus_of(member.id)) == 1
+    clock.jump(0.1)
+    releaser.run(lambda: burst.release(owner))  # again
+    assert (cpus_of(member.id), burst.on_one_cpu) == (home, 1)
 
 
 @two_cpus

@@ -127,11 +127,6 @@ class CancelBurst:
         self._holders: set[object] = set()
         self._over = threading.Event()
         self._over.set()
-        # Locked while a burst is under way, a new one each burst: a held read
-        # waits to take it and lets go at once, which lets the next one go.
-        # One wake-up each, in turn: ``Event.set()`` woke every held thread at
-        # once, 63 wake-ups on the releaser's CPU while it held the GIL.
-        self._gate = threading.Lock()
         self._began_at = -math.inf
         #: Bursts begun, and reads that waited for one, since the process started.
         self.begun = 0
@@ -154,8 +149,6 @@ class CancelBurst:
                 self._began_at = time.monotonic()
                 self.begun += 1
                 self._over.clear()
-                self._gate = threading.Lock()
-                self._gate.acquire()
             self._holders.add(owner)
 
     def release(self, owner: object) -> None:
@@ -167,7 +160,6 @@ class CancelBurst:
             if not self._holders:
                 self._to_one_cpu_locked()
                 self._over.set()
-                self._gate.release()
 
     @contextlib.contextmanager
     def member(self) -> Iterator[None]:
@@ -230,7 +222,6 @@ class CancelBurst:
         began_at = self._began_at
         if time.monotonic() - began_at > self.longest:
             return
-        gate = self._gate
         cancelled_at = None if scope is None else scope.cancelled_at
         if cancelled_at is not None and cancelled_at <= began_at:
             return
@@ -238,8 +229,7 @@ class CancelBurst:
             self.waiting += 1
             self.reads_held += 1
         try:
-            if gate.acquire(timeout=self.bound):
-                gate.release()
+            self._over.wait(self.bound)
         finally:
             with self._lock:
                 self.waiting -= 1
