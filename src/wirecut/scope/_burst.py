@@ -24,11 +24,11 @@ fifth to a quarter more CPU on two CPUs than on one (docs/architecture.md,
 that take part in bursts (``member()``: the console's workers) are put on
 the CPU the releaser runs on before the held reads are let go, and
 ``one_cpu_for`` seconds later every thread still there goes back to the
-CPUs it had, the threads started meanwhile included; ``scope.popen`` gives
-the programs it starts those CPUs (they are not the burst's to confine).
-Linux, where the process may run on more than one CPU; elsewhere, or with
-``one_cpu_for=None`` (the default of a ``CancelBurst`` made by hand),
-nothing moves.
+CPUs the releaser had (the process's), the threads started meanwhile
+included; ``scope.popen`` gives the programs it starts those CPUs (they
+are not the burst's to confine). Linux, where the process may run on more
+than one CPU; elsewhere, or with ``one_cpu_for=None`` (the default of a
+``CancelBurst`` made by hand), nothing moves.
 
 The process has one, ``cancel_burst``: the GIL is the process's. Stdlib only;
 safe from any thread.
@@ -200,7 +200,7 @@ class CancelBurst:
         self._back = self._clock.call_later(self.one_cpu_for, self._go_back)
 
     def _go_back(self) -> None:
-        """On the timer thread: every thread on the burst's CPU back to the CPUs it had."""
+        """On the timer thread: every thread on the burst's CPU back to ``home``."""
         with self._lock:
             # Under the lock: a burst that ends meanwhile finds them where they are.
             if self._one_cpu is None or self.home is None:
