@@ -366,6 +366,7 @@ def test_a_program_started_on_the_bursts_cpu_gets_the_cpus_the_burst_took_the_th
 def test_the_worker_pools_threads_take_part_in_the_processs_bursts(
     parked: Callable[[CancelBurst | None], Parked],
 ) -> None:
+    until(lambda: not cancel_burst.under_way)  # no runner of an earlier test kept it
     home = cpus_of(threading.get_native_id())
     pool = WorkerPool(1, name="burst-member")
     ids: queue.Queue[int] = queue.Queue()
