@@ -253,7 +253,10 @@ class Parked:
         with self._burst.member() if self._burst is not None else contextlib.nullcontext():
             while (job := self._jobs.get()) is not None:
                 fn, future = job
-                future.set_result(fn())
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:  # for the test to see, where it asked
+                    future.set_exception(exc)
 
     def run(self, fn: Callable[[], Any]) -> Any:
         future: Future[Any] = Future()
@@ -340,6 +343,19 @@ def test_a_burst_on_one_cpu_already_moves_nothing(
     releaser.run(lambda: os.sched_setaffinity(0, pinned))  # as `serve --cpus` would
     burst_in(releaser, burst)
     assert (cpus_of(releaser.id), cpus_of(member.id), burst.on_one_cpu) == (pinned, home, 0)
+
+
+def test_a_system_that_will_not_say_the_cpus_moves_nothing_and_the_burst_ends(
+    parked: Callable[[CancelBurst | None], Parked], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(pid: int) -> set[int]:
+        raise PermissionError("not allowed here")
+
+    burst = CancelBurst(bound=60, one_cpu_for=0.1, clock=MockClock())
+    releaser = parked(None)
+    monkeypatch.setattr(os, "sched_getaffinity", refuse)
+    burst_in(releaser, burst)
+    assert (burst.under_way, burst.on_one_cpu) == (False, 0)
 
 
 @two_cpus

@@ -83,7 +83,11 @@ def _move(thread_ids: Iterator[int] | set[int], cpus: frozenset[int]) -> None:
 
 def _threads_on(cpus: frozenset[int]) -> Iterator[int]:
     """The threads of this process that may run on ``cpus`` and nowhere else."""
-    for entry in os.listdir("/proc/self/task"):
+    try:
+        entries = os.listdir("/proc/self/task")
+    except OSError:
+        return  # Only the threads it moved go back.
+    for entry in entries:
         try:
             if os.sched_getaffinity(int(entry)) == cpus:
                 yield int(entry)
@@ -158,8 +162,10 @@ class CancelBurst:
                 return
             self._holders.discard(owner)
             if not self._holders:
-                self._to_one_cpu_locked()
-                self._over.set()
+                try:
+                    self._to_one_cpu_locked()
+                finally:
+                    self._over.set()  # Whatever moving the threads did.
 
     @contextlib.contextmanager
     def member(self) -> Iterator[None]:
@@ -185,7 +191,10 @@ class CancelBurst:
         if self.one_cpu_for is None or _getcpu is None:
             return
         if self._one_cpu is None:
-            home = frozenset(os.sched_getaffinity(0))
+            try:
+                home = frozenset(os.sched_getaffinity(0))
+            except OSError:
+                return  # A system that will not say: the burst ends, nothing moves.
             cpu = _getcpu()
             if len(home) < 2 or cpu not in home:
                 return  # One CPU already (``serve --cpus 1``), or none that it could name.
