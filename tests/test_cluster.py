@@ -742,6 +742,16 @@ def test_a_cancel_to_the_second_node_goes_by_its_cancel_line(remote: Remote, sec
         assert metric(remote.server, f'wirecut_node_cancels_total{{{labels},way="{way}"}}') == count
 
 
+def cancel_a_stream(running: Remote, node: str) -> tuple[Frame, dict[str, Any]]:
+    """A long chat, cancelled once it streams: its ``complete``, then ``node``'s health entry."""
+    with running.client() as c:
+        id = c.run("chat tell me a long story")
+        wait_token(c, id)
+        c.cancel(id)
+        complete = c.complete(id)
+    return complete, health(running.server)["nodes"][node]
+
+
 def test_where_the_line_cannot_connect_cancels_go_by_ray_and_still_cut(
     second: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -750,15 +760,42 @@ def test_where_the_line_cannot_connect_cancels_go_by_ray_and_still_cut(
 
     monkeypatch.setattr(cluster_pool.LineClient, "connect", refused)
     with endless_sim() as sim, cluster_console(tmp_path, sim, nodes=[second]) as running:
-        with running.client() as c:
-            id = c.run("chat tell me a long story")
-            wait_token(c, id)
-            c.cancel(id)
-            complete = c.complete(id)
-        node = health(running.server)["nodes"][second]
+        complete, node = cancel_a_stream(running, second)
     assert_remote_cut(complete, "user", second)
     assert (node["cancel_lines"], node["cancels"]) == (0, {"line": 0, "ray": 1})
     assert "cannot connect the cancel line" in caplog.text
+    assert wait_requests_ended(sim) == []
+
+
+def test_a_line_that_could_not_connect_or_broke_is_connected_again(
+    second: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    connect = cluster_pool.LineClient.connect
+    tries: list[asyncio.AbstractEventLoop] = []
+    lines: list[cluster_pool.LineClient] = []
+
+    async def refused_twice(*args: Any, **kwargs: Any) -> cluster_pool.LineClient:
+        tries.append(asyncio.get_running_loop())
+        if len(tries) <= 2:
+            raise ConnectionRefusedError("planted: the first two tries are refused")
+        lines.append(await connect(*args, **kwargs))
+        return lines[-1]
+
+    def lines_of(h: dict[str, Any]) -> int:
+        return int(h["nodes"][second]["cancel_lines"])
+
+    monkeypatch.setattr(cluster_pool.LineClient, "connect", refused_twice)
+    with endless_sim() as sim, cluster_console(tmp_path, sim, nodes=[second]) as running:
+        # Refused at first (a warning, once), it connects at a later renew ...
+        assert lines_of(wait_health(running.server, lambda h: lines_of(h) == 1, 30)) == 1
+        # ... and once the line is lost, it connects again.
+        tries[0].call_soon_threadsafe(lines[0].close)
+        node = wait_health(running.server, lambda h: len(lines) == 2 and lines_of(h) == 1, 30)
+        assert (len(tries), len(lines), lines_of(node)) == (4, 2, 1)
+        complete, node = cancel_a_stream(running, second)
+    assert_remote_cut(complete, "user", second)
+    assert node["cancels"] == {"line": 1, "ray": 0}
+    assert caplog.text.count("cannot connect the cancel line") == 1
     assert wait_requests_ended(sim) == []
 
 

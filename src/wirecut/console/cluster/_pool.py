@@ -66,6 +66,10 @@ KILL_CONFIRM = 3.0
 KILL_ANSWER = 5.0
 #: Between two questions to the warden, in seconds.
 KILL_POLL = 0.02
+#: The least time between two tries to connect a host's cancel line, in
+#: seconds: one that could not connect, or broke, is tried again at a renew
+#: at least this long after the last try.
+LINE_RETRY = 2.0
 
 
 class HostState(enum.Enum):
@@ -97,6 +101,11 @@ class Host:
     renewing: bool = False
     #: Its cancel line, once connected; cancels go by the control call without one.
     line: LineClient | None = None
+    #: A try to connect the line is under way; the next may start at ``line_retry_at``.
+    line_connecting: bool = False
+    line_retry_at: float = 0.0
+    #: A try failed and was logged as a warning (the later ones are not).
+    line_warned: bool = False
     #: Cancels sent to it by its line and by the control call (for health).
     cancels_by_line: int = 0
     cancels_by_ray: int = 0
@@ -361,6 +370,8 @@ class HostPool:
         if host.state is HostState.UNREACHABLE:
             host.state = HostState.READY
             self.changed.set()
+        # A line that could not connect, or broke, is tried again.
+        self._connect_line_if_lost(host)
 
     async def _refresh_nodes(self) -> None:
         nodes = await asyncio.to_thread(ray.nodes)
@@ -425,8 +436,24 @@ class HostPool:
         if host.state is HostState.STARTING:
             host.state = HostState.READY
             self.changed.set()
-            if identity.line_port is not None:
-                self._spawn(self._connect_line(host, (identity.node_ip, identity.line_port)))
+            self._connect_line_if_lost(host)
+
+    def _connect_line_if_lost(self, host: Host) -> None:
+        """Connect ``host``'s cancel line if it has none or it broke (once per ``LINE_RETRY``)."""
+        identity = host.identity
+        if (
+            self._closed
+            or host.state is not HostState.READY
+            or identity is None
+            or identity.line_port is None
+            or host.line_connecting
+            or (host.line is not None and not host.line.closed)
+            or time.monotonic() < host.line_retry_at
+        ):
+            return
+        host.line_connecting = True
+        host.line_retry_at = time.monotonic() + LINE_RETRY
+        self._spawn(self._connect_line(host, (identity.node_ip, identity.line_port)))
 
     async def _connect_line(self, host: Host, address: tuple[str, int]) -> None:
         # Until it is connected (or if it cannot be), cancels go by the control call.
@@ -437,17 +464,24 @@ class HostPool:
                 address, token, lambda job, reason: self.by_ray(host, job, reason), name=host.name
             )
         except (OSError, TimeoutError) as exc:
-            _log.warning(
+            # Once a warning, then quietly: a firewall would say it at every try.
+            log = _log.debug if host.line_warned else _log.warning
+            log(
                 "cannot connect the cancel line of %s at %s:%s (%s): its cancels go by Ray",
                 host.name,
                 *address,
                 exc,
             )
+            host.line_warned = True
             return
-        if host.state is HostState.GONE:
+        finally:
+            host.line_connecting = False
+        if host.state is HostState.GONE or self._closed:
             line.close()
-        else:
-            host.line = line
+            return
+        if host.line_warned:
+            _log.info("the cancel line of %s is connected", host.name)
+        host.line = line
 
     # -- health ---------------------------------------------------------------------------
 
