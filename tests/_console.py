@@ -165,6 +165,17 @@ def health(server: ConsoleServer) -> dict[str, Any]:
     return result
 
 
+def metrics(console: Console) -> dict[str, float]:
+    """``/metrics`` of the console, as ``{"name{labels}": value}``."""
+    text = httpx.get(console.server.url + "metrics", params={"token": console.server.token}).text
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            found[name] = float(value)
+    return found
+
+
 def wait_health(
     server: ConsoleServer, match: Callable[[dict[str, Any]], bool], timeout: float = 15
 ) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from _console import running_console
+from _console import metrics, running_console
 from _poll import BOUND, until
 from wirecut.console.runner import _core
 from wirecut.console.runner._pool import WorkerPool
@@ -189,6 +189,23 @@ def test_a_cancel_frame_holds_the_burst_and_the_console_lets_go_of_it(tmp_path: 
         assert cancel_burst.begun == begun + 1
         # Its loop's timer ends it once no cancel came for a moment.
         until(lambda: not cancel_burst.under_way)
+
+
+def test_the_consoles_metrics_count_the_processs_bursts(tmp_path: Path) -> None:
+    until(lambda: not cancel_burst.under_way)  # no runner of an earlier test kept it
+    with running_console(tmp_path, workers=2) as console, console.client() as client:
+        id = client.run("chat tell me a long story")
+        client.wait_output(id)
+        client.cancel(id)
+        assert client.complete(id)["status"] == "cancelled"
+        until(lambda: not cancel_burst.under_way)
+        found = metrics(console)
+    assert cancel_burst.begun >= 1
+    assert (
+        found["wirecut_cancel_bursts_total"],
+        found["wirecut_cancel_burst_reads_held_total"],
+        found["wirecut_cancel_bursts_on_one_cpu_total"],
+    ) == (cancel_burst.begun, cancel_burst.reads_held, cancel_burst.on_one_cpu)
 
 
 def test_a_console_that_stops_during_a_burst_lets_go_of_it(

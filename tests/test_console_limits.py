@@ -26,24 +26,13 @@ import pytest
 import uvicorn
 from websockets.sync.client import connect
 
-from _console import Console, ConsoleClient, running_console, start_serve, wait_health
+from _console import Console, ConsoleClient, metrics, running_console, start_serve, wait_health
 from _rawws import RawClient
 from wirecut.console.server import ConnectionLimits
 from wirecut.console.server._limits import ConnectionGuard, Dropped, GuardedConfig
 from wirecut.simulator import SimConfig, SimulatorServer
 
 PING = {"type": "ping"}
-
-
-def metrics(console: Console) -> dict[str, float]:
-    """``/metrics`` of the console, as ``{"name{labels}": value}``."""
-    text = httpx.get(console.server.url + "metrics", params={"token": console.server.token}).text
-    found: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            found[name] = float(value)
-    return found
 
 
 def poll(predicate: Callable[[], bool], timeout: float = 30.0) -> bool:
