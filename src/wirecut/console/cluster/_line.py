@@ -21,9 +21,10 @@ more; for the other two the serve process asks again by the control call,
 whose answer carries the receipt.
 
 Ray stays the way of a cancel when there is no line: before it is connected,
-when it cannot be (a firewall between the nodes), once it broke, and for a
-cancel the line has not answered within ``ANSWER_TIMEOUT`` (sent again: a
-cancel is idempotent).
+when it cannot be (a firewall between the nodes), once it broke until the
+pool has connected it again (``_pool.LINE_RETRY``), and for a cancel the
+line has not answered within ``ANSWER_TIMEOUT`` (sent again: a cancel is
+idempotent).
 
 Bounds (the port can be reached by whoever reaches the node): at most
 ``MAX_CONNECTIONS`` connections at once; a connection that has not sent the
@@ -409,7 +410,11 @@ class LineClient:
     def _broken(self, why: str) -> None:
         if self.closed:
             return
-        _log.warning("the cancel line of %s broke (%s): its cancels go by Ray", self._name, why)
+        _log.warning(
+            "the cancel line of %s broke (%s): its cancels go by Ray until it is connected again",
+            self._name,
+            why,
+        )
         self.closed = True
         self._writer.close()
         if self._check is not None:
