@@ -357,8 +357,18 @@ def test_llama_cpp_runs_on_the_threads_it_was_given() -> None:
 
 
 @needs_extra
-def test_start_timeout_raises_and_reaps_the_child() -> None:
+def test_start_timeout_raises_and_reaps_the_child(monkeypatch: pytest.MonkeyPatch) -> None:
     local = LocalServer(startup_timeout=0.5)
+    spawn = local._spawn
+
+    def spawn_stopped(model: Any) -> subprocess.Popen[bytes]:
+        # Stopped, the child never listens: the bound passes on any machine
+        # (a fast one started SmolLM2 within 0.5 s).
+        proc = spawn(model)
+        os.kill(proc.pid, signal.SIGSTOP)
+        return proc
+
+    monkeypatch.setattr(local, "_spawn", spawn_stopped)
     with pytest.raises(LocalServerError, match=r"within 0\.5 s"):
         local.start()
     assert local.state is ServerState.STOPPED
