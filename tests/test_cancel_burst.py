@@ -414,3 +414,87 @@ def test_the_worker_pools_threads_take_part_in_the_processs_bursts(
     finally:
         release.set()
         pool.shutdown()
+
+
+linux_policies = pytest.mark.skipif(
+    not hasattr(os, "SCHED_BATCH"), reason="scheduling policies are Linux's"
+)
+
+
+def policy_in_and_after(burst: CancelBurst) -> tuple[int, int]:
+    """A thread's own scheduling policy inside ``burst.member()``, and once the block ended."""
+    seen: Future[tuple[int, int]] = Future()
+
+    def member() -> None:
+        with burst.member():
+            inside = os.sched_getscheduler(0)
+        seen.set_result((inside, os.sched_getscheduler(0)))
+
+    threading.Thread(target=member, daemon=True).start()
+    return seen.result(BOUND)
+
+
+@linux_policies
+def test_a_member_runs_as_sched_batch_while_in_the_block_and_as_before_after_it() -> None:
+    assert policy_in_and_after(CancelBurst(batch_members=True)) == (
+        os.SCHED_BATCH,
+        os.SCHED_OTHER,
+    )
+    # A burst made by hand leaves its members' policy alone.
+    assert policy_in_and_after(CancelBurst()) == (os.SCHED_OTHER, os.SCHED_OTHER)
+
+
+@linux_policies
+def test_the_worker_pools_threads_run_as_sched_batch() -> None:
+    pool = WorkerPool(1, name="batch-member")
+    try:
+        policy = pool.submit(lambda: os.sched_getscheduler(0)).result(BOUND)
+    finally:
+        pool.shutdown()
+    assert policy == os.SCHED_BATCH
+
+
+@linux_policies
+def test_a_program_a_member_or_its_thread_starts_gets_the_processs_policy(
+    parked: Callable[[CancelBurst | None], Parked],
+) -> None:
+    member = parked(CancelBurst(batch_members=True))
+    scope = InterruptScope("programs")
+
+    def from_a_thread_it_starts() -> Any:
+        # A thread started by a member inherits SCHED_BATCH without being one.
+        started: Future[Any] = Future()
+        thread = threading.Thread(target=lambda: started.set_result(start()), daemon=True)
+        thread.start()
+        return started.result(BOUND)
+
+    def start() -> tuple[int, Any]:
+        return os.sched_getscheduler(0), scope.popen(["sleep", "30"])
+
+    with scope:
+        started = [member.run(start), member.run(from_a_thread_it_starts)]
+        try:
+            for starter_policy, child in started:
+                assert starter_policy == os.SCHED_BATCH
+                assert os.sched_getscheduler(child.pid) == os.SCHED_OTHER
+        finally:
+            scope.cancel("test")
+            for _, child in started:
+                child.wait(BOUND)
+
+
+@linux_policies
+def test_a_system_that_will_not_change_the_policy_leaves_the_member_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refuse(pid: int, policy: int, param: Any) -> None:
+        raise PermissionError("not allowed here")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    burst = CancelBurst(batch_members=True)
+    assert policy_in_and_after(burst) == (os.SCHED_OTHER, os.SCHED_OTHER)
+    pool = WorkerPool(1, name="refused-member")
+    try:
+        assert pool.submit(lambda: "ran").result(BOUND) == "ran"
+    finally:
+        pool.shutdown()

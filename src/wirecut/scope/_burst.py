@@ -30,6 +30,11 @@ are not the burst's to confine). Linux, where the process may run on more
 than one CPU; elsewhere, or with ``one_cpu_for=None`` (the default of a
 ``CancelBurst`` made by hand), nothing moves.
 
+The members run as ``SCHED_BATCH`` (``batch_members``): a member woken by
+a cut or a token does not take the CPU from the thread running there,
+which was the loop holding the GIL the member needed (about 90 such
+switches of the loop's thread a burst of 64, and a sixth of its CPU).
+
 The process has one, ``cancel_burst``: the GIL is the process's. Stdlib only;
 safe from any thread.
 """
@@ -81,6 +86,43 @@ def _move(thread_ids: Iterator[int] | set[int], cpus: frozenset[int]) -> None:
             pass  # It ended meanwhile, or the system refused: it stays where it is.
 
 
+def _to_batch() -> bool:
+    """The calling thread from ``SCHED_OTHER`` to ``SCHED_BATCH``; True if it changed.
+
+    Only from the default policy: a process someone gave another one
+    (``chrt``) keeps it.
+    """
+    if not hasattr(os, "SCHED_BATCH"):
+        return False
+    try:
+        if os.sched_getscheduler(0) != os.SCHED_OTHER:
+            return False
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except OSError:
+        return False  # A system that will not: the member preempts as any thread does.
+    return True
+
+
+def process_policy_for(pid: int) -> None:
+    """Give ``pid``, a program a thread of ours just started, the process's scheduling policy.
+
+    A program inherits the policy of the thread that started it: started by
+    a burst's member (or a thread a member started), it would run as
+    ``SCHED_BATCH``, which is the member's and not the program's. The
+    process's is its main thread's. Linux; a no-op elsewhere.
+    """
+    if not hasattr(os, "SCHED_BATCH"):
+        return
+    try:
+        if os.sched_getscheduler(0) != os.SCHED_BATCH:
+            return
+        if os.sched_getscheduler(os.getpid()) != os.SCHED_OTHER:
+            return  # The process itself runs so: the program may too.
+        os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
+    except OSError:
+        pass  # It ended meanwhile, or the system refused: it keeps its starter's.
+
+
 def _threads_on(cpus: frozenset[int]) -> Iterator[int]:
     """The threads of this process that may run on ``cpus`` and nowhere else."""
     try:
@@ -104,6 +146,7 @@ class CancelBurst:
         bound: float = 0.02,
         longest: float = 0.25,
         one_cpu_for: float | None = None,
+        batch_members: bool = False,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         #: The most one read waits for a burst to end, in seconds.
@@ -114,6 +157,8 @@ class CancelBurst:
         #: workers it held unwind after it ends (64 of them: 10 to 20 ms).
         #: None: they are never moved.
         self.one_cpu_for = one_cpu_for
+        #: Whether members run as ``SCHED_BATCH`` while members (``member()``).
+        self.batch_members = batch_members
         self._clock = clock
         #: The native ids of the threads that take part in every burst.
         self._members: set[int] = set()
@@ -169,13 +214,27 @@ class CancelBurst:
 
     @contextlib.contextmanager
     def member(self) -> Iterator[None]:
-        """The calling thread takes part in every burst while in the block (a worker's loop)."""
+        """The calling thread takes part in every burst while in the block (a worker's loop).
+
+        With ``batch_members``, it runs as ``SCHED_BATCH`` meanwhile (Linux,
+        from the default policy only): woken, it does not take the CPU from
+        the thread running there, but waits for that thread to sleep or for
+        the scheduler's tick. A member woken while another thread holds the
+        GIL (the loop, reading the next cancel frame) could only wait for
+        the GIL again (docs/architecture.md, "Workers that do not take the
+        loop's CPU"). Its policy is put back when the block ends; the
+        programs it starts get the process's (``scope.popen``).
+        """
         thread_id = threading.get_native_id()
         with self._lock:
             self._members.add(thread_id)
+        batch = self.batch_members and _to_batch()
         try:
             yield
         finally:
+            if batch:
+                with contextlib.suppress(OSError):
+                    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
             with self._lock:
                 self._members.discard(thread_id)
 
@@ -245,4 +304,4 @@ class CancelBurst:
 
 
 #: The process's burst (there is one GIL to take turns at).
-cancel_burst = CancelBurst(one_cpu_for=0.1)
+cancel_burst = CancelBurst(one_cpu_for=0.1, batch_members=True)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from wirecut.scope._burst import cancel_burst
+from wirecut.scope._burst import cancel_burst, process_policy_for
 from wirecut.scope._errors import Interrupted
 from wirecut.scope._reaper import unwatch_group, watch_group
 from wirecut.scope._timers import is_never
@@ -357,6 +357,8 @@ class ScopedPopen(subprocess.Popen[Any]):
                 os.sched_setaffinity(self.pid, cpus)
             except OSError:
                 pass  # It exited already, or the system refused: it keeps its starter's.
+        # And a worker's SCHED_BATCH is the worker's, not the program's.
+        process_policy_for(self.pid)
         self._registration: Registration | None = None
         try:
             self._registration = scope.register_process(self, grace=grace)
