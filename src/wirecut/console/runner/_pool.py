@@ -113,7 +113,9 @@ class WorkerPool:
         thread.start()
 
     def _work(self) -> None:
-        # A burst of cancels puts its workers on one CPU while they take turns.
+        # A burst of cancels puts its workers on one CPU while they take
+        # turns, and they run as SCHED_BATCH: woken, a worker does not take
+        # the CPU from the loop that holds the GIL it needs.
         with cancel_burst.member():
             self._take_work()
 
