@@ -33,7 +33,8 @@ than one CPU; elsewhere, or with ``one_cpu_for=None`` (the default of a
 The members run as ``SCHED_BATCH`` (``batch_members``): a member woken by
 a cut or a token does not take the CPU from the thread running there,
 which was the loop holding the GIL the member needed (about 90 such
-switches of the loop's thread a burst of 64, and a sixth of its CPU).
+switches of the loop's thread a burst of 64, and a tenth to a sixth of
+the burst's CPU).
 
 The process has one, ``cancel_burst``: the GIL is the process's. Stdlib only;
 safe from any thread.
