@@ -1,8 +1,7 @@
 """A host's cancel line, both ends, through real sockets and threads in this process.
 
 The host's end (``CancelLine``): the token first, one answer per request in
-order, the cancel burst let go once the line is quiet, and the bounds on
-what a connection can make it do or hold. The serve process's end
+order, and the bounds on what a connection can make it do or hold. The serve process's end
 (``LineClient``): a ``cancelling`` answer goes to the job, and whatever the
 line cannot settle (``dropped``, ``done``, no answer in time, a line that
 broke) goes by the control call, once. The host with its runner and Ray is
@@ -22,11 +21,10 @@ from typing import Any
 
 import pytest
 
-from _poll import BOUND, until
+from _poll import BOUND
 from wirecut.console.cluster import HostConfig, ProviderSpec, _line
 from wirecut.console.cluster._line import CancelLine, LineClient, LineRequest
 from wirecut.console.runner import RunnerLimits
-from wirecut.scope import cancel_burst
 
 TOKEN = "s3cret-token"
 
@@ -39,7 +37,7 @@ class Host:
         self.calls: list[list[LineRequest]] = []
         self.gate: threading.Event | None = None
 
-    def __call__(self, requests: list[LineRequest], owner: object) -> list[str]:
+    def __call__(self, requests: list[LineRequest]) -> list[str]:
         if self.gate is not None:
             self.gate.wait(BOUND)
         self.calls.append(list(requests))
@@ -199,10 +197,10 @@ def test_a_line_longer_than_the_bound_closes_the_connection(
 def test_a_cancel_that_raises_on_the_host_closes_its_connection_not_the_line(
     host: Host,
 ) -> None:
-    def cancel(requests: list[LineRequest], owner: object) -> list[str]:
+    def cancel(requests: list[LineRequest]) -> list[str]:
         if requests[0][0] == "bug":
             raise RuntimeError("planted: the host's cancel failed")
-        return host(requests, owner)
+        return host(requests)
 
     line = CancelLine("127.0.0.1", TOKEN, cancel)
     try:
@@ -257,42 +255,6 @@ def test_a_connection_that_does_not_read_its_answers_is_closed(
     assert 0 < len(host.requests) < 1_000_000
 
 
-def cut_and_hold(requests: list[LineRequest], owner: object) -> list[str]:
-    """The host's cancel, as far as the burst goes: held after its first cut."""
-    cancel_burst.hold(owner)
-    return ["cancelling"] * len(requests)
-
-
-def test_the_line_lets_go_of_the_burst_its_cancels_held_once_quiet() -> None:
-    until(lambda: not cancel_burst.under_way)  # no earlier test kept it
-
-    line = CancelLine("127.0.0.1", TOKEN, cut_and_hold, quiet=2.0)
-    try:
-        with connect(line) as sock:
-            sock.sendall(TOKEN.encode() + b"\n" + request("a"))
-            assert read_lines(sock, 1) == ["cancelling"]
-            begun = cancel_burst.begun
-            assert cancel_burst.under_way  # held for the quiet after the cancel ...
-            sock.sendall(request("b"))  # ... and another cancel is the same burst
-            assert read_lines(sock, 1) == ["cancelling"]
-            assert (cancel_burst.begun, cancel_burst.under_way) == (begun, True)
-            until(lambda: not cancel_burst.under_way)  # let go once quiet
-    finally:
-        line.close()
-
-
-def test_a_line_that_closes_lets_go_of_the_burst() -> None:
-    until(lambda: not cancel_burst.under_way)
-
-    line = CancelLine("127.0.0.1", TOKEN, cut_and_hold, quiet=600)
-    with connect(line) as sock:
-        sock.sendall(TOKEN.encode() + b"\n" + request("a"))
-        assert read_lines(sock, 1) == ["cancelling"]
-        assert cancel_burst.under_way
-        line.close()
-    assert not cancel_burst.under_way
-
-
 # -- the serve process's end ---------------------------------------------------------------------
 
 
@@ -328,7 +290,7 @@ async def wait_for(condition: Callable[[], bool]) -> None:
 def test_the_client_gives_cancelling_to_the_job_and_the_rest_to_ray(host: Host) -> None:
     kinds = iter(["cancelling", "dropped", "done", "cancelling"])
 
-    def answers(requests: list[LineRequest], owner: object) -> list[str]:
+    def answers(requests: list[LineRequest]) -> list[str]:
         host.calls.append(list(requests))
         return [next(kinds) for _ in requests]
 

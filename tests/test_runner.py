@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import sys
 import threading
 from pathlib import Path
 
@@ -20,7 +19,6 @@ from wirecut.console.runner import (
     OutputFlusher,
     WorkerPool,
 )
-from wirecut.console.runner._core import _BURST_SWITCH_INTERVAL, _uninterrupted
 
 # -- the lifecycle table ---------------------------------------------------------------
 
@@ -248,21 +246,3 @@ def test_buffers_sharing_a_flusher_wake_the_loop_once_per_window_and_keep_their_
     asyncio.run(scenario())
     for k in range(8):
         assert "".join(sent[k]) == "".join(f"{t}{n} " for t in "ab" for n in range(50))
-
-
-# -- a burst of cuts -----------------------------------------------------------------------
-
-
-def test_a_burst_of_cuts_keeps_the_gil_and_gives_the_switch_interval_back() -> None:
-    before = sys.getswitchinterval()
-    seen: list[float] = []
-
-    def burst() -> None:
-        with _uninterrupted():
-            seen.append(sys.getswitchinterval())
-            raise RuntimeError("in the burst")
-
-    with pytest.raises(RuntimeError, match="in the burst"):
-        burst()
-    assert seen[0] >= _BURST_SWITCH_INTERVAL > before  # no woken thread forces a switch meanwhile
-    assert sys.getswitchinterval() == before

@@ -16,8 +16,6 @@ from typing import Any
 
 import click
 
-from wirecut.cli._options import cpus_of
-
 __all__ = ["bench"]
 
 
@@ -50,25 +48,16 @@ def _window(ctx: click.Context, param: click.Parameter, value: float | None) -> 
     show_default=True,
     help="Where bench.json and bench.png go.",
 )
-@click.option(
-    "--console-cpus",
-    default=None,
-    metavar="LIST",
-    help="Run wirecut's console on these CPUs (as serve --cpus does), and the bench, its "
-    "client and the simulators on the others (1, 0,2 or 2-3; Linux).",
-)
 # For tests and experiments: other concurrency levels, a shorter watch.
 @click.option("--concurrency", callback=_levels, default=None, hidden=True)
 @click.option("--window", type=float, callback=_window, default=None, hidden=True)
 def bench(
     quick: bool,
     out: Path,
-    console_cpus: str | None,
     concurrency: tuple[int, ...] | None,
     window: float | None,
 ) -> None:
     """Cancel latency, provider close and leftovers: wirecut vs three baselines."""
-    cpus = cpus_of(console_cpus, "--console-cpus")
     missing = [name for name in ("openai", "matplotlib") if importlib.util.find_spec(name) is None]
     if missing:
         raise click.ClickException(
@@ -84,8 +73,6 @@ def bench(
         overrides["concurrency"] = concurrency
     if window is not None:
         overrides["window"] = window
-    if cpus is not None:
-        overrides["console_cpus"] = cpus
     levels = concurrency or BenchSettings().concurrency
     overrides["sim"] = SimConfig(
         slots=max(levels), endless=True, tokens_per_second=20, prompt_ms=50
@@ -180,6 +167,3 @@ def _print_table(data: dict[str, Any]) -> None:
         f"memory per command in flight {'-' if memory is None else f'{memory} KiB'} "
         f"({figures.get('workers')} workers)"
     )
-    cpus = data.get("settings", {}).get("console_cpus")
-    if cpus is not None:
-        console.print(f"the console on CPUs {','.join(map(str, cpus))}, the rest on the others")

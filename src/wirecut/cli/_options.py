@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-__all__ = ["check_port", "cpus_of", "is_loopback", "seconds", "secret"]
+__all__ = ["check_port", "is_loopback", "seconds", "secret"]
 
 #: A secret file larger than this is not a secret file.
 MAX_SECRET_BYTES = 64 * 1024
@@ -26,22 +26,6 @@ def seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
     if not math.isfinite(value) or value <= 0:
         raise click.BadParameter(f"must be a finite number of seconds > 0, not {value}")
     return value
-
-
-def cpus_of(text: str | None, flag: str) -> frozenset[int] | None:
-    """The CPUs of a CPU-list option, checked against the ones this process may use.
-
-    A list that does not parse, or that names a CPU this process may not
-    run on, is a usage error naming ``flag``.
-    """
-    if text is None:
-        return None
-    from wirecut._cpus import CpuError, check, parse_cpus
-
-    try:
-        return check(parse_cpus(text))
-    except CpuError as exc:
-        raise click.BadParameter(str(exc), param_hint=flag) from None
 
 
 def is_loopback(host: str) -> bool:

@@ -20,10 +20,9 @@ from typing import TYPE_CHECKING
 
 import click
 
-from wirecut._cpus import pin
 from wirecut.cli._data_dir import data_dir_option
 from wirecut.cli._local import model_spec
-from wirecut.cli._options import check_port, cpus_of, is_loopback, seconds, secret
+from wirecut.cli._options import check_port, is_loopback, seconds, secret
 from wirecut.console._limits import RunnerLimits
 
 if TYPE_CHECKING:
@@ -151,14 +150,6 @@ _RUNNER = RunnerLimits()
     type=click.IntRange(1, 256),
     help="The embedded llama.cpp's threads (default: half the CPUs, 1 to 4).",
 )
-@click.option(
-    "--cpus",
-    default=None,
-    metavar="LIST",
-    help="Run the console's threads on these CPUs only, like taskset -c (1, 0,2 or 2-3; "
-    "Linux): a burst of cancels then costs about a fifth less CPU. The embedded llama.cpp "
-    "and the programs commands run keep every CPU.",
-)
 def serve(
     host: str,
     port: int,
@@ -181,10 +172,8 @@ def serve(
     drain_timeout: float,
     local_model: str | None,
     local_threads: int | None,
-    cpus: str | None,
 ) -> None:
     """Run the console: a web page, a WebSocket API and a terminal client's server."""
-    chosen = cpus_of(cpus, "--cpus")
     if no_token and (token is not None or token_file is not None):
         raise click.UsageError("--token/--token-file and --no-token exclude each other")
     token = secret(
@@ -252,11 +241,6 @@ def serve(
         if provider.note:
             click.echo(f"wirecut serve: {provider.note}", err=True)
         _probe_provider(provider.base_url, config.api_key)
-        if chosen is not None:
-            # After the embedded llama.cpp started (it keeps every CPU), before
-            # the server's threads start (they inherit the set).
-            pin(chosen)
-            click.echo(f"wirecut serve: on CPUs {cpus}", err=True)
         if ray_address is None:
             code = serve_forever(config, provider, echo=click.echo)
         else:

@@ -38,7 +38,7 @@ import httpcore
 from wirecut.http._cut import cut_as_interrupted, raise_if_cut
 from wirecut.http._socket_hold import SocketHold
 from wirecut.http._thirdparty import HTTPCoreFlavour, httpcore_flavour
-from wirecut.scope import InterruptScope, cancel_burst, current_scope
+from wirecut.scope import InterruptScope, current_scope
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -121,8 +121,6 @@ class ScopedStreamCore:
         self._acquire()
         with cut_as_interrupted(self._hold.scope):
             data: bytes = self._inner.read(max_bytes, timeout)
-        # A canceller cutting a burst goes first (wirecut.scope._burst).
-        cancel_burst.hold_back(self._hold.scope)
         if not data:
             raise_if_cut(self._hold.scope)  # A cut reads as EOF: say it was the cut.
         return data

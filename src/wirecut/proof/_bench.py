@@ -34,7 +34,6 @@ second) and resident memory per command in flight.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import platform
@@ -46,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 from wirecut import __version__
-from wirecut._cpus import allowed, confined
 from wirecut.proof._console_client import ConsoleClient
 from wirecut.proof._console_process import (
     MAX_TOKENS,
@@ -95,9 +93,6 @@ class BenchSettings:
     baseline_repeats: tuple[tuple[int, int], ...] = ((1, 3),)
     #: ``sleep 0`` commands for the throughput figure.
     throughput_commands: int = 1000
-    #: The console's CPUs (``serve --cpus``); the bench and its simulators then run on the
-    #: others (on every one if none is left). None: every process on every CPU.
-    console_cpus: frozenset[int] | None = None
     sim: SimConfig = field(
         default_factory=lambda: SimConfig(
             slots=64, endless=True, tokens_per_second=20, prompt_ms=50
@@ -130,7 +125,6 @@ class BenchSettings:
                 "endless": self.sim.endless,
             },
             "max_tokens": MAX_TOKENS,
-            "console_cpus": None if self.console_cpus is None else sorted(self.console_cpus),
         }
 
 
@@ -235,13 +229,6 @@ def _line(scenario: str, index: int) -> str:
     if scenario == "non-stream":
         return f"{NON_STREAM_COMMAND} Tell me a long story about lighthouse number {index}."
     return "curator run --consolidate --yes"
-
-
-def _confined(console_cpus: frozenset[int] | None) -> contextlib.AbstractContextManager[None]:
-    """This process (the client, the baselines) and its simulators off the console's CPUs."""
-    if console_cpus is None:
-        return contextlib.nullcontext()
-    return confined(allowed() - console_cpus or allowed())
 
 
 def _received_since(sim: SimProcess, since: int) -> list[str]:
@@ -398,14 +385,13 @@ def run_bench(
     began = time.monotonic()
     report = BenchReport(settings)
     workers = max(settings.concurrency)
-    cpus = settings.console_cpus
-    with tempfile.TemporaryDirectory(prefix="wirecut-bench-") as tmp, _confined(cpus):
+    with tempfile.TemporaryDirectory(prefix="wirecut-bench-") as tmp:
         data_dir = Path(tmp)
         seed_notes(data_dir)
         on_batch("console: memory per command, `sleep 0` throughput")
         with (
             SimProcess(settings.sim) as sim,
-            ConsoleProcess(sim.base_url, data_dir, workers, cpus) as console,
+            ConsoleProcess(sim.base_url, data_dir, workers) as console,
         ):
             url = console.ws_url
             # First, while the process is fresh (see _memory_per_command).
@@ -423,7 +409,7 @@ def run_bench(
             if system == "wirecut":
                 with (
                     SimProcess(settings.sim) as sim,
-                    ConsoleProcess(sim.base_url, data_dir, workers, cpus) as console,
+                    ConsoleProcess(sim.base_url, data_dir, workers) as console,
                 ):
                     for i in range(batches):
                         on_batch(f"{system} {scenario} x{n} ({i + 1}/{batches})")

@@ -14,8 +14,7 @@ provider, and reads its WebSocket URL from its first line. The child answers
 two requests on its stdin, a line of JSON each: ``trace`` starts tracing its
 Python heap, and ``memory`` gives its resident memory and the heap traced
 since (and ends the tracing). Closing its stdin stops it, its commands
-cancelled. Given CPUs, it runs on them
-(``wirecut bench --console-cpus``). It leads a session of its own
+cancelled. It leads a session of its own
 (``_child``): a bench killed with SIGKILL takes it with it.
 """
 
@@ -31,7 +30,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wirecut._cpus import parse_cpus, set_threads
 from wirecut.proof._child import Child, ChildService
 
 if TYPE_CHECKING:
@@ -93,15 +91,9 @@ def serve_console(provider_url: str, data_dir: Path, workers: int) -> Iterator[s
 
 
 class ConsoleProcess(ChildService):
-    """The bench's console (``serve_console``) in a child process; a context manager.
+    """The bench's console (``serve_console``) in a child process; a context manager."""
 
-    With ``cpus``, every thread of the console runs on those CPUs, as with
-    ``wirecut serve --cpus`` (the caller checked that they exist).
-    """
-
-    def __init__(
-        self, provider_url: str, data_dir: Path, workers: int, cpus: frozenset[int] | None = None
-    ) -> None:
+    def __init__(self, provider_url: str, data_dir: Path, workers: int) -> None:
         self.argv = [
             sys.executable,
             "-m",
@@ -110,8 +102,6 @@ class ConsoleProcess(ChildService):
             str(data_dir),
             str(workers),
         ]
-        if cpus is not None:
-            self.argv.append(",".join(map(str, sorted(cpus))))
         super().__init__(Child("console", stdin=True))
         self._url: str | None = None
 
@@ -167,11 +157,8 @@ def _answer(request: str) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m wirecut.proof._console_process PROVIDER_URL DATA_DIR WORKERS [CPUS]``."""
-    provider_url, data_dir, workers, *cpus = argv
-    if cpus:
-        # Its parent may be confined to other CPUs: this sets, it does not check.
-        set_threads(parse_cpus(cpus[0]))
+    """``python -m wirecut.proof._console_process PROVIDER_URL DATA_DIR WORKERS``."""
+    provider_url, data_dir, workers = argv
     with serve_console(provider_url, Path(data_dir), int(workers)) as url:
         print(url, flush=True)
         for line in sys.stdin:

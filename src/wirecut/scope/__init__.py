@@ -12,8 +12,7 @@ ledger), ``_registration`` (a registration and its kinds), ``_cuttables``
 ``scope.popen``), ``_reaper`` (kills our process groups if we die first),
 ``_threads`` (owned threads, the executor, escalation),
 ``_binding`` (the ContextVar), ``_timers`` (clocks), ``_timeline`` (the
-unwind's events), ``_burst`` (a canceller's turn at the GIL before the
-threads it wakes), ``_errors`` (the exception tree).
+unwind's events), ``_errors`` (the exception tree).
 """
 
 from wirecut.scope._binding import (
@@ -29,7 +28,6 @@ from wirecut.scope._binding import (
     sleep,
     wait,
 )
-from wirecut.scope._burst import CancelBurst, cancel_burst
 from wirecut.scope._cuttables import Interruptible, cut_socket
 from wirecut.scope._errors import Interrupted
 from wirecut.scope._interrupt_scope import InterruptScope, ScopeState
@@ -38,7 +36,6 @@ from wirecut.scope._process import (
     ScopedPopen,
     kill_process_group,
     proc_stat,
-    set_child_cpus,
 )
 from wirecut.scope._reaper import unwatch_group, watch_group
 from wirecut.scope._registration import Registration
@@ -48,7 +45,6 @@ from wirecut.scope._timers import MockClock
 
 __all__ = [
     "NULL_REGISTRATION",
-    "CancelBurst",
     "InterruptScope",
     "Interrupted",
     "Interruptible",
@@ -61,7 +57,6 @@ __all__ = [
     "ScopedPopen",
     "TimelineEvent",
     "bind_scope",
-    "cancel_burst",
     "check",
     "committing",
     "current_scope",
@@ -71,7 +66,6 @@ __all__ = [
     "register",
     "register_process",
     "register_socket",
-    "set_child_cpus",
     "sleep",
     "unwatch_group",
     "wait",

@@ -9,9 +9,6 @@ A killed group leaves zombies until their parent (or init) reaps them: a
 zombie has exited and is never counted as alive (docs/architecture.md, fact 8).
 Every group ``scope.popen`` starts is watched by the group reaper
 (``_reaper``) until it has ended, so it dies with us even when we are killed.
-A host that runs its own threads on a few CPUs (``wirecut serve --cpus``)
-gives the programs it starts the others back (``set_child_cpus``): a child
-inherits the CPUs of the thread that started it.
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from wirecut.scope._burst import cancel_burst, process_policy_for
 from wirecut.scope._errors import Interrupted
 from wirecut.scope._reaper import unwatch_group, watch_group
 from wirecut.scope._timers import is_never
@@ -43,7 +39,6 @@ __all__ = [
     "kill_process_group",
     "proc_stat",
     "proc_stats",
-    "set_child_cpus",
     "signal_group",
     "wait_exited",
 ]
@@ -57,25 +52,6 @@ DEFAULT_KILL_GRACE = 1.0
 
 #: Poll interval where there is no pidfd to wait on.
 _POLL_S = 0.01
-
-
-class _ChildCpus:
-    def __init__(self) -> None:
-        #: The CPUs of a program ``scope.popen`` starts (None: its starting thread's).
-        self.cpus: frozenset[int] | None = None
-
-
-_child_cpus = _ChildCpus()
-
-
-def set_child_cpus(cpus: frozenset[int] | None) -> None:
-    """Run every program ``scope.popen`` starts from now on on ``cpus`` (None: as its starter).
-
-    For a host that pinned its own threads to a few CPUs: the programs its
-    work runs are not the host's to confine. Applied right after the start,
-    so what a program starts at once may keep its starter's CPUs. Linux.
-    """
-    _child_cpus.cpus = cpus
 
 
 def check_grace(grace: float | None) -> float:
@@ -349,16 +325,6 @@ class ScopedPopen(subprocess.Popen[Any]):
         # Its own session: nothing kills it when we die, unless the reaper
         # does (a SIGKILL of `wirecut serve` left `sleep 3600` running).
         watch_group(self.pid)
-        # Started by a thread that a burst of cancels put on one CPU for a
-        # moment, it would keep that CPU for good: it gets the burst's home.
-        cpus = _child_cpus.cpus if _child_cpus.cpus is not None else cancel_burst.home
-        if cpus is not None:
-            try:
-                os.sched_setaffinity(self.pid, cpus)
-            except OSError:
-                pass  # It exited already, or the system refused: it keeps its starter's.
-        # And a worker's SCHED_BATCH is the worker's, not the program's.
-        process_policy_for(self.pid)
         self._registration: Registration | None = None
         try:
             self._registration = scope.register_process(self, grace=grace)

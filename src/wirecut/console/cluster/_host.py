@@ -61,7 +61,7 @@ from wirecut.console.runner import (
     route_stdio,
 )
 from wirecut.provider import ProviderSpec
-from wirecut.scope import cancel_burst, proc_stat
+from wirecut.scope import proc_stat
 
 __all__ = [
     "MODEL_REQUEST",
@@ -429,20 +429,12 @@ class CommandHost:
         """
         return self._cancel(requests)
 
-    def _cancel_by_line(self, requests: list[LineRequest], burst_owner: object) -> list[str]:
-        # On the line's thread; the line holds the burst until it is quiet.
-        return [kind for kind, _ in self._cancel(requests, burst_owner)]
+    def _cancel_by_line(self, requests: list[LineRequest]) -> list[str]:
+        # On the line's thread.
+        return [kind for kind, _ in self._cancel(requests)]
 
-    def _cancel(
-        self, requests: list[tuple[str, str]], burst_owner: object | None = None
-    ) -> list[tuple[str, Any]]:
-        """Cancel each ``(job_id, reason)`` (the answers of ``cancel``), from any thread.
-
-        With a ``burst_owner``, the process's cancel burst is held for it from
-        the first cut on: the workers the cuts wake wait while the rest of a
-        burst comes (``_line``). The first is not held, so a lone cancel's
-        worker goes on at once.
-        """
+    def _cancel(self, requests: list[tuple[str, str]]) -> list[tuple[str, Any]]:
+        """Cancel each ``(job_id, reason)`` (the answers of ``cancel``), from any thread."""
         answers: list[tuple[str, Any]] = []
         found: list[tuple[_Job, str]] = []
         cut: list[tuple[LocalCommand, str]] = []
@@ -474,8 +466,6 @@ class CommandHost:
         # thread-safe): the host loop may be busy.
         for record, reason in cut:
             record.scope.cancel(reason)
-            if burst_owner is not None:
-                cancel_burst.hold(burst_owner)
         return answers
 
     def _cancel_on_loop(self, found: list[tuple[_Job, str]]) -> None:

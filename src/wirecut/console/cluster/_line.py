@@ -2,16 +2,11 @@
 
 A cancel sent as a Ray control call reaches the host's control thread after
 Ray's own path (the call's submission, gRPC, the actor's thread pool, the
-call's Python wrapper), in turns with the workers that the burst's first cuts
-woke: timed at 64 cancels at once, a host read the rest of a burst 17 to 24 ms
-after the serve process had sent it (docs/cluster.md, "The cancel line").
+call's Python wrapper), in turns with the workers that the first cuts of a
+burst woke (docs/cluster.md, "The cancel line").
 The line is one socket per host, read by a thread of the host that does
 nothing else: a cancel is one write in the serve process and one read on the
-host. And the host holds the process's cancel burst (``cancel_burst``) from
-its first cut until the line was quiet for ``QUIET``: the workers that the
-cuts woke wait (at most ``cancel_burst.bound`` a read) while the rest of the
-burst comes in, instead of taking the GIL and the CPU from the thread that
-reads it.
+host.
 
 The wire: the serve process writes the host's token (``HostConfig.line_token``)
 as the first line, then one JSON array ``[job_id, reason]`` a line. The host
@@ -50,16 +45,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wirecut.console.runner import Reason
-from wirecut.scope import cancel_burst
 
-__all__ = ["ANSWER_TIMEOUT", "QUIET", "CancelLine", "LineClient", "LineRequest"]
+__all__ = ["ANSWER_TIMEOUT", "CancelLine", "LineClient", "LineRequest"]
 
 _log = logging.getLogger("wirecut.cluster")
 
-#: How long the host holds the cancel burst after the line's last cancel, in
-#: seconds. Measured at 64 cancels at once (docs/cluster.md): 5 ms held the
-#: workers through the gaps between a burst's reads; 2 ms did not always.
-QUIET = 0.005
 #: Connections a host's line accepts at once (its serve process needs one).
 MAX_CONNECTIONS = 4
 #: How long a new connection has to send the token, in seconds.
@@ -77,9 +67,8 @@ CONNECT_TIMEOUT = 2.0
 
 #: A job id and the reason of its cancel.
 LineRequest = tuple[str, str]
-#: The host's cancel: takes the requests and the owner to hold the cancel burst
-#: for after its first cut; returns one answer kind per request.
-HostCancel = Callable[[list[LineRequest], object], list[str]]
+#: The host's cancel: takes the requests; returns one answer kind per request.
+HostCancel = Callable[[list[LineRequest]], list[str]]
 
 _KINDS = frozenset({"cancelling", "dropped", "done"})
 _REASONS = frozenset(reason.value for reason in Reason)
@@ -98,7 +87,6 @@ class CancelLine:
 
     ``cancel`` runs on that thread, one call per read with every request the
     read completed. It must never block: it cuts, and queues the rest.
-    ``quiet`` is ``QUIET`` unless given, read when the line is made.
     """
 
     def __init__(
@@ -107,12 +95,10 @@ class CancelLine:
         token: str,
         cancel: HostCancel,
         *,
-        quiet: float | None = None,
         token_seconds: float = TOKEN_SECONDS,
     ) -> None:
         self._token = token.encode()
         self._cancel = cancel
-        self._quiet = QUIET if quiet is None else quiet
         self._token_seconds = token_seconds
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         self._listener = socket.create_server((address, 0), family=family)
@@ -123,8 +109,6 @@ class CancelLine:
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._selector.register(self._wake_read, selectors.EVENT_READ)
         self._connections: dict[socket.socket, _Connection] = {}
-        # When the burst this line holds ends, on the monotonic clock; None if it holds none.
-        self._burst_ends: float | None = None
         self._closed = False
         self._thread = threading.Thread(
             target=self._serve, name="wirecut-host-cancel-line", daemon=True
@@ -156,7 +140,6 @@ class CancelLine:
         except Exception:
             _log.exception("the host's cancel line failed: its cancels go by Ray")
         finally:
-            self._release()
             for connection in list(self._connections.values()):
                 self._drop(connection)
             self._selector.close()
@@ -165,22 +148,13 @@ class CancelLine:
 
     def _timeout(self) -> float | None:
         ends = [c.token_by for c in self._connections.values() if not c.authenticated]
-        if self._burst_ends is not None:
-            ends.append(self._burst_ends)
         return max(0.0, min(ends) - time.monotonic()) if ends else None
 
     def _expire(self) -> None:
         now = time.monotonic()
-        if self._burst_ends is not None and now >= self._burst_ends:
-            self._release()
         for connection in list(self._connections.values()):
             if not connection.authenticated and now >= connection.token_by:
                 self._drop(connection)
-
-    def _release(self) -> None:
-        if self._burst_ends is not None:
-            self._burst_ends = None
-            cancel_burst.release(self)
 
     def _accept(self) -> None:
         try:
@@ -223,8 +197,7 @@ class CancelLine:
         connection.buffer += data
         requests, good = self._requests(connection)
         if requests:
-            answers = self._cancel(requests, self)
-            self._burst_ends = time.monotonic() + self._quiet
+            answers = self._cancel(requests)
             reply = "".join(f"{kind}\n" for kind in answers).encode()
             try:
                 sent = connection.sock.send(reply)

@@ -23,12 +23,10 @@ Everything here runs on the event loop the core was started on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
-import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -46,7 +44,6 @@ from wirecut.console.runner._contract import CommandSink, RunnerObserver
 from wirecut.console.runner._lifecycle import CommandEvent, CommandLifecycle, CommandState
 from wirecut.console.runner._output import OutputBuffer, OutputFlusher, call_soon
 from wirecut.console.runner._record import CompleteFacts, Lifecycle, Reason
-from wirecut.scope import cancel_burst
 
 __all__ = [
     "Accepted",
@@ -190,8 +187,6 @@ class RunnerCore:
         self._drivers: set[asyncio.Task[None]] = set()
         self._ids = itertools.count(1)
         self._closing = False
-        # Ends this runner's hold of the cancel burst (``_cutting``).
-        self._burst_end: asyncio.TimerHandle | None = None
 
     # -- for subclasses -------------------------------------------------------------------
 
@@ -284,61 +279,30 @@ class RunnerCore:
             _placement(command).cut(command, why)
         finally:
             self._after_cut(command, why)
-        self._cutting()
         return True
-
-    def _cutting(self) -> None:
-        """Hold the process's cancel burst until this loop saw no cancel for ``_BURST_QUIET``.
-
-        Cancel frames come one by one, and between two of them the loop has
-        to take the GIL back from every thread the cuts before woke and every
-        stream still reading: held, those wait for the burst to end (at most
-        ``cancel_burst.bound`` a read), and the 64th cut of a burst is not
-        paced by 63 unwinds and a stream's tokens. The end is a timer of this
-        loop, so it comes only once the loop has handled the frames it had
-        already read. The command a lone cancel cut is never held.
-        """
-        cancel_burst.hold(self)
-        if self._burst_end is not None:
-            self._burst_end.cancel()
-        self._burst_end = self.loop.call_later(_BURST_QUIET, self._burst_over)
-
-    def _burst_over(self) -> None:
-        self._burst_end = None
-        cancel_burst.release(self)
 
     def cancel_all(self, commands: Iterable[Command], reason: str) -> int:
         """Cancel each of ``commands`` with ``reason`` in one pass; how many this cancelled.
 
         Every cut comes first, then the bookkeeping of each (its lifecycle,
         its escalation timer, a queued one dropped, its driver woken): the
-        last command's provider sees its close after 64 cuts, not after 64
-        whole cancels. And the cuts run with a long thread switch interval,
-        which keeps the GIL with the canceller until every command is cut
-        (each cut is a few microseconds and never blocks): a thread that a
-        cut wakes would take the GIL as soon as the canceller let it go, and
-        a burst of 64 cuts was paced by the woken workers' unwinding.
+        last command's provider sees its close after every cut, not after
+        every whole cancel.
         """
         why = Reason(reason)
         commands = list(commands)
         claimed: list[Command] = []
         failed: BaseException | None = None
         try:
-            with _uninterrupted():
-                if len(commands) > 1:
-                    # A burst from before the first cut: the workers the cuts
-                    # wake wait for its end, and unwind after it on one CPU
-                    # (``cancel_burst``). A lone command's is not held.
-                    self._cutting()
-                for command in commands:
-                    if self._claim(command, why):
-                        claimed.append(command)
-                        try:
-                            _placement(command).cut(command, why)
-                        except Exception as exc:
-                            # One placement's failure (a host gone) cancels
-                            # the rest all the same; the first one is raised.
-                            failed = failed or exc
+            for command in commands:
+                if self._claim(command, why):
+                    claimed.append(command)
+                    try:
+                        _placement(command).cut(command, why)
+                    except Exception as exc:
+                        # One placement's failure (a host gone) cancels
+                        # the rest all the same; the first one is raised.
+                        failed = failed or exc
         finally:
             # Even if a cut raised: every claimed command gets its driver woken.
             for command in claimed:
@@ -383,9 +347,6 @@ class RunnerCore:
         if self._drivers:
             await asyncio.wait(set(self._drivers))
         await self._stop_placements()
-        if self._burst_end is not None:
-            self._burst_end.cancel()
-            self._burst_over()
 
     # -- Reporter (placements call these on the loop) ----------------------------------------
 
@@ -498,33 +459,6 @@ class _NoObserver:
 
     def output_dropped(self, characters: int) -> None:
         pass
-
-
-#: How long after a cancel this runner holds the cancel burst (seconds), as
-#: the loop counts it: longer than the gap between two frames that a client
-#: sends one after another, short beside a cancel's own latency.
-_BURST_QUIET = 0.001
-
-#: The thread switch interval while a burst of cuts runs (seconds): longer than
-#: any burst takes (64 cuts: about a millisecond), so no woken worker forces the
-#: canceller to let go of the GIL; and short, because a thread that began to
-#: wait for the GIL during the pass keeps this interval for that wait.
-_BURST_SWITCH_INTERVAL = 0.02
-
-
-@contextlib.contextmanager
-def _uninterrupted() -> Iterator[None]:
-    """Keep the GIL with this thread for the block (a longer switch interval), then restore it.
-
-    Only for short blocks that never block on anything (the interval is the
-    whole process's): a burst of cuts.
-    """
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(max(before, _BURST_SWITCH_INTERVAL))
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(before)
 
 
 def _placement(command: Command) -> Placement:

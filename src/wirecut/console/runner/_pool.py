@@ -22,8 +22,6 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from wirecut.scope import cancel_burst
-
 __all__ = ["WorkerPool"]
 
 T = TypeVar("T")
@@ -106,18 +104,11 @@ class WorkerPool:
         # Called with the lock held.
         self._serial += 1
         thread = threading.Thread(
-            target=self._work, name=f"{self._name}-{self._serial}", daemon=True
+            target=self._take_work, name=f"{self._name}-{self._serial}", daemon=True
         )
         self._threads.add(thread)
         self._busy[thread] = False
         thread.start()
-
-    def _work(self) -> None:
-        # A burst of cancels puts its workers on one CPU while they take
-        # turns, and they run as SCHED_BATCH: woken, a worker does not take
-        # the CPU from the loop that holds the GIL it needs.
-        with cancel_burst.member():
-            self._take_work()
 
     def _take_work(self) -> None:
         me = threading.current_thread()

@@ -11,12 +11,11 @@ import gc
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from wirecut.console.runner import CompleteFacts, Runner
 from wirecut.console.server._slot_watch import SlotWatch
-from wirecut.scope import cancel_burst
 
 __all__ = ["CONTENT_TYPE", "ConsoleMetrics"]
 
@@ -102,20 +101,6 @@ class _HealthCollector(Collector):
             "Objects this process froze at startup (gc.freeze): full collections skip them.",
             value=gc.get_freeze_count(),
         )
-        for name, help, value in (
-            ("wirecut_cancel_bursts", "Bursts of cancels this process held.", cancel_burst.begun),
-            (
-                "wirecut_cancel_burst_reads_held",
-                "Scoped reads that waited for a burst of cancels to end.",
-                cancel_burst.reads_held,
-            ),
-            (
-                "wirecut_cancel_bursts_on_one_cpu",
-                "Bursts after which the console's threads took their turns on one CPU.",
-                cancel_burst.on_one_cpu,
-            ),
-        ):
-            yield CounterMetricFamily(name, help, value=value)
         health = self._metrics.health()
         if health is None:
             return
