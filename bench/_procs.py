@@ -2,12 +2,47 @@
 
 from __future__ import annotations
 
+import datetime
+import os
+import platform
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-__all__ = ["Process", "cpu_ms", "percentile", "status_kib"]
+__all__ = ["Process", "cpu_ms", "machine", "percentile", "status_kib"]
+
+
+def machine() -> dict[str, Any]:
+    """What a benchmark's numbers were measured on: the host, its CPUs, Python, commit, date."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    model = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "system": platform.system(),
+        "commit": commit,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+        "load_average": round(os.getloadavg()[0], 2),
+    }
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -25,14 +25,15 @@ from that one frame.
 A last row, "64, library alone", is the floor on this machine: no console,
 no agent, no WebSocket. In this process, 64 ``ChatClient`` streams from the
 same simulator, each on a thread of its own ``InterruptScope``, are cancelled
-by one loop of ``scope.cancel()`` under a long thread switch interval (as the
-console cuts a burst); "complete" there is the worker thread having returned,
-and its CPU is this whole process's from the first cut to the last return.
+by one loop of ``scope.cancel()``; "complete" there is the worker thread
+having returned, and its CPU is this whole process's from the first cut to
+the last return.
 
-``--serve-cpus 1 --client-cpus 0`` runs the console on CPU 1 (``serve
---cpus``) and this client and the simulator on CPU 0, as a browser and a
-provider on other machines would be; the library row then runs on the
-console's CPUs. ``--client-cpus 0`` alone leaves the console every CPU.
+``--before SRC`` (a source tree of wirecut, e.g. a ``git worktree`` of an
+older commit, its ``src`` folder) runs a second console from that tree beside
+this one, and the bursts take turns between the two (``--rounds`` times
+over), so that both sides meet the same machine; each row is then printed
+for both, labelled by side.
 
 Three processes, as in a deployment: the simulator (``wirecut provider``),
 the console (``wirecut serve``) and this client. The simulator is itself a
@@ -48,6 +49,7 @@ p99 <= 10 ms, 0 leaked; a cancel-all of 64 closes all within 5 ms).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -65,8 +67,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from _console import ConsoleClient
-from _procs import Process, cpu_ms, percentile
-from wirecut._cpus import parse_cpus
+from _procs import Process, cpu_ms, machine, percentile
 from wirecut.provider import ChatClient
 from wirecut.scope import InterruptScope
 
@@ -162,15 +163,10 @@ def library_burst(sim_url: str, sim_root: str, n: int) -> dict[str, Any]:
     futures = [scope.spawn(work, k) for k, scope in enumerate(scopes)]
     for event in streaming:
         event.wait(30)
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(0.02)  # no woken worker takes the GIL before the last cut
-    try:
-        cpu_before = _process_cpu_ms()
-        sent = time.monotonic()
-        for scope in scopes:
-            scope.cancel("bench")
-    finally:
-        sys.setswitchinterval(before)
+    cpu_before = _process_cpu_ms()
+    sent = time.monotonic()
+    for scope in scopes:
+        scope.cancel("bench")
     exited = 0
     for future, scope in zip(futures, scopes, strict=True):
         future.exception(60)
@@ -210,11 +206,12 @@ def _sim(n: int) -> Process:
     )
 
 
-def _row(label: str, trials: int, results: list[dict[str, Any]]) -> dict[str, Any]:
+def _row(label: str, trials: int, results: list[dict[str, Any]], side: str) -> dict[str, Any]:
     to_complete = [ms for result in results for ms in result["to_complete"]]
     to_close = [ms for result in results for ms in result["to_close"]]
     return {
         "concurrency": label,
+        "side": side,
         "trials": trials,
         "complete_p50": statistics.median(to_complete),
         "complete_p99": percentile(to_complete, 99),
@@ -243,75 +240,80 @@ def _row(label: str, trials: int, results: list[dict[str, Any]]) -> dict[str, An
     }
 
 
-def run(
-    samples: int, serve_cpus: str | None = None, client_cpus: str | None = None
-) -> list[dict[str, Any]]:
-    """The rows; ``serve_cpus`` for ``serve --cpus``, ``client_cpus`` for this process and the
-    simulator (as on other machines); the library row runs on ``serve_cpus``."""
-    every = sorted(os.sched_getaffinity(0))
-    others = _cpus(client_cpus) if client_cpus else every
-    console_cpus = serve_cpus or ",".join(map(str, every))
+def _console(sim_url: str, tmp: str, n: int, source: str | None) -> Process:
+    """``wirecut serve`` over ``sim_url``, from ``source`` (a ``src`` folder) or this tree."""
+    env = None
+    if source is not None:
+        env = dict(os.environ, PYTHONPATH=source)
+    return Process(
+        *("serve", "--port", "0", "--workers", str(n), "--data-dir", tmp),
+        *("--provider-url", sim_url),
+        env=env,
+    )
+
+
+def run(samples: int, sides: dict[str, str | None], rounds: int = 1) -> list[dict[str, Any]]:
+    """The rows of each side (label -> source tree, None for this one), bursts interleaved."""
     rows = []
     for n, at_once in [*((n, False) for n in CONCURRENCY), (CONCURRENCY[-1], True)]:
-        rounds = max(3, samples // n)
-        os.sched_setaffinity(0, others)  # the simulator inherits it
-        sim = _sim(n)
-        os.sched_setaffinity(0, every)  # and serve this one (its --cpus picks)
-        sim_root = sim.url.removesuffix("/v1")
-        results = []
-        with tempfile.TemporaryDirectory() as tmp:
-            console = Process(
-                *("serve", "--port", "0", "--workers", str(n), "--data-dir", tmp),
-                *("--provider-url", sim.url, "--cpus", console_cpus),
-            )
-            os.sched_setaffinity(0, others)  # this client
-            ws_url = console.url.replace("http://", "ws://").replace(
-                "/?token=", "/api/console?token="
-            )
-            try:
-                with ConsoleClient(ws_url) as client:
-                    for rnd in range(rounds):
-                        results.append(burst(console, sim_root, client, n, rnd, at_once))
-            finally:
-                console.stop()
-                sim.stop()
+        bursts = max(3, samples // n)
+        results: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+        for _ in range(rounds):
+            sim = _sim(n)
+            sim_root = sim.url.removesuffix("/v1")
+            with contextlib.ExitStack() as stack:
+                stack.callback(sim.stop)
+                clients = {}
+                for side, source in sides.items():
+                    tmp = stack.enter_context(tempfile.TemporaryDirectory())
+                    console = _console(sim.url, tmp, n, source)
+                    stack.callback(console.stop)
+                    ws_url = console.url.replace("http://", "ws://").replace(
+                        "/?token=", "/api/console?token="
+                    )
+                    clients[side] = (console, stack.enter_context(ConsoleClient(ws_url)))
+                for rnd in range(bursts):
+                    for side, (console, client) in clients.items():
+                        results[side].append(burst(console, sim_root, client, n, rnd, at_once))
         label = f"{n}, one cancel-all" if at_once else str(n)
-        rows.append(_row(label, n * rounds, results))
+        for side in sides:
+            rows.append(_row(label, n * len(results[side]), results[side], side))
     n = CONCURRENCY[-1]
-    os.sched_setaffinity(0, others)
     sim = _sim(n)
-    os.sched_setaffinity(0, _cpus(serve_cpus) if serve_cpus else every)
     try:
-        results = [
+        results_alone = [
             library_burst(sim.url, sim.url.removesuffix("/v1"), n)
-            for _ in range(max(3, samples // n))
+            for _ in range(max(3, samples // n) * rounds)
         ]
     finally:
         sim.stop()
-    rows.append(_row(f"{n}, library alone", n * len(results), results))
+    rows.append(_row(f"{n}, library alone", n * len(results_alone), results_alone, "this tree"))
     return rows
-
-
-def _cpus(text: str) -> set[int]:
-    return set(parse_cpus(text))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=192, help="cancels per concurrency")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
-    parser.add_argument("--serve-cpus", help="serve --cpus LIST (and the library row's CPUs)")
-    parser.add_argument("--client-cpus", help="CPUs of this client and the simulator")
+    parser.add_argument("--before", metavar="SRC", help="a wirecut source tree to run beside")
+    parser.add_argument("--rounds", type=int, default=1, help="fresh processes, this many times")
+    parser.add_argument("--out", type=Path, help="write the rows and the machine to this JSON")
     args = parser.parse_args()
-    rows = run(args.samples, args.serve_cpus, args.client_cpus)
+    sides: dict[str, str | None] = {"this tree": None}
+    if args.before:
+        sides = {"before": args.before, "this tree": None}
+    rows = run(args.samples, sides, args.rounds)
+    if args.out:
+        args.out.write_text(json.dumps({"machine": machine(), "rows": rows}, indent=1))
     print(
-        "| commands at once | trials | cancel -> complete p50 | p99 "
+        "| commands at once | side | trials | cancel -> complete p50 | p99 "
         "| cancel -> provider close p50 | p99 | close never seen | worker exited | leaked |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(
-            f"| {row['concurrency']} | {row['trials']} | {row['complete_p50']:.2f} ms "
+            f"| {row['concurrency']} | {row['side']} | {row['trials']} "
+            f"| {row['complete_p50']:.2f} ms "
             f"| {row['complete_p99']:.2f} ms | {row['close_p50']:.2f} ms "
             f"| {row['close_p99']:.2f} ms | {row['never']} "
             f"| {row['worker_exited']}/{row['trials']} | {row['leaked']} |"
@@ -322,7 +324,7 @@ def main() -> None:
     for row in rows:
         last_complete, last_close = row["burst_last_complete"], row["burst_last_close"]
         print(
-            f"| {row['concurrency']} | {len(last_complete)} "
+            f"| {row['concurrency']}, {row['side']} | {len(last_complete)} "
             f"| {statistics.median(last_complete):.2f} / {last_complete[-1]:.2f} ms "
             f"| {statistics.median(last_close):.2f} / {last_close[-1]:.2f} ms |"
         )
@@ -339,7 +341,7 @@ def main() -> None:
             ("slowest burst", slowest["wall"], slowest["cpu"], slowest["loop_cpu"]),
         ):
             print(
-                f"| {row['concurrency']}, {label} | {wall:.2f} ms | {cpu:.2f} ms "
+                f"| {row['concurrency']}, {row['side']}, {label} | {wall:.2f} ms | {cpu:.2f} ms "
                 f"| {'-' if loop_cpu is None else f'{loop_cpu:.2f} ms'} |"
             )
     if args.json:
