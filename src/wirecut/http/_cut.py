@@ -20,12 +20,13 @@ __all__ = ["cut_as_interrupted", "raise_if_cut"]
 
 
 def raise_if_cut(scope: InterruptScope | None, exc: BaseException | None = None) -> None:
-    """Raise ``Interrupted(scope.reason)`` from ``exc`` if ``scope`` is cancelled.
+    """Raise ``Interrupted(scope.reason)`` from ``exc`` if ``scope``'s cancel reaches us now.
 
     Call it where an I/O error or an unexpected EOF surfaces (``exc`` None for
-    an EOF): under a cancelled scope it is the cut's doing.
+    an EOF): under a cancelled scope it is the cut's doing. Inside a commit
+    section nothing of this thread was cut, and the error is the peer's.
     """
-    if scope is not None and scope.cancelled:
+    if scope is not None and scope.cancelled_here:
         raise Interrupted(scope.reason or "cancelled") from exc
 
 
@@ -35,7 +36,8 @@ class cut_as_interrupted:  # lower case: used like a function, as contextlib.sup
     The new ``Interrupted`` carries the scope's reason and is raised ``from``
     the original error, which stays visible as its cause. ``BaseException``s
     (``Interrupted`` itself, ``KeyboardInterrupt``) pass through untouched, and
-    so does everything when ``scope`` is None or still open. A class rather
+    so does everything when ``scope`` is None, still open, or its cancel waits
+    for this thread's commit section. A class rather
     than a generator: it wraps every read of a response body.
     """
 

@@ -10,7 +10,8 @@ The modules: ``_interrupt_scope`` (the scope: cancel, registering, the
 ledger), ``_registration`` (a registration and its kinds), ``_cuttables``
 (what can be cut; sockets and objects), ``_process`` (process groups, /proc,
 ``scope.popen``), ``_reaper`` (kills our process groups if we die first),
-``_threads`` (owned threads, the executor, escalation),
+``_threads`` (owned threads, the executor, escalation), ``_shield`` (a
+commit section keeps a cancel from its thread until it ends),
 ``_binding`` (the ContextVar), ``_timers`` (clocks), ``_timeline`` (the
 unwind's events), ``_errors`` (the exception tree).
 """

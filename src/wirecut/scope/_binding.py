@@ -149,10 +149,10 @@ def check() -> None:
         scope.check()
 
 
-def committing() -> contextlib.AbstractContextManager[None]:
-    """The bound scope's ``committing()`` block; with none bound, a block that does nothing."""
+def committing(what: str = "commit") -> contextlib.AbstractContextManager[None]:
+    """The bound scope's ``committing(what)`` block; with none bound, a block that does nothing."""
     scope = _current.get()
-    return contextlib.nullcontext() if scope is None else scope.committing()
+    return contextlib.nullcontext() if scope is None else scope.committing(what)
 
 
 def sleep(seconds: float) -> None:

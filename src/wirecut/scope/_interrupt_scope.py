@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import itertools
 import logging
 import math
@@ -31,14 +32,8 @@ from wirecut.scope._cuttables import Cuttable, Interruptible, ObjectCut, SocketC
 from wirecut.scope._errors import Interrupted
 from wirecut.scope._process import ProcessTarget, ScopedPopen, check_grace
 from wirecut.scope._registration import CUT_EVENTS, Kind, Registration, cut_order, kind_of
-from wirecut.scope._threads import (
-    ScopeExecutor,
-    is_shielded,
-    raise_in_thread,
-    run_registered,
-    shielded,
-    start_thread,
-)
+from wirecut.scope._shield import defer_if_shielded, is_shielded, shielded
+from wirecut.scope._threads import ScopeExecutor, raise_in_thread, run_registered, start_thread
 from wirecut.scope._timeline import TimelineEvent
 from wirecut.scope._timers import SYSTEM_CLOCK, Clock, TimerHandle, is_never
 
@@ -123,8 +118,10 @@ class InterruptScope:
         self._entries = 0  # `with scope:` blocks open now, in any thread
         # Set (under the lock) before the first async Interrupted is raised.
         self._escalated = False
-        # Set once a commit section of this scope or a descendant ended well.
-        self._committed = False
+        # The commit sections of this scope and its descendants: the names of
+        # those that ended well, in order, and how many are open now.
+        self._commits: list[str] = []
+        self._open_commits = 0
         if parent is not None:
             parent._adopt(self)
         if timeout is not None and not self.cancelled:
@@ -154,14 +151,39 @@ class InterruptScope:
         return self._cancelled_at
 
     @property
+    def cancelled_here(self) -> bool:
+        """True if the scope is cancelled and the cancel reaches the calling thread now.
+
+        Inside a commit section (``committing()``) the cancel waits for the
+        section's end: ``cancelled`` is True there (requested), this is False
+        (not delivered).
+        """
+        return self._state is ScopeState.CANCELLED and not is_shielded(threading.get_ident())
+
+    @property
     def committed(self) -> bool:
         """True once a ``committing()`` block of this scope or a descendant ended well.
 
-        The work's effect is durable: a cancel that came after that point came
-        too late to stop it (``cancelled`` may be True as well: requested, not
-        delivered).
+        Part of the work's effect is durable: a cancel that came after that
+        point came too late to undo it (``cancelled`` may be True as well:
+        requested, not delivered). ``commits`` names each such block.
         """
-        return self._committed
+        return bool(self._commits)
+
+    @property
+    def commits(self) -> tuple[str, ...]:
+        """The names of the ``committing()`` blocks here or in a descendant that ended well."""
+        with self._lock:
+            return tuple(self._commits)
+
+    @property
+    def commit_open(self) -> bool:
+        """True while a ``committing()`` block of this scope or a descendant runs.
+
+        A host that must report before it ends cannot say that the effect
+        did not happen: it may still.
+        """
+        return self._open_commits > 0
 
     @property
     def timeline(self) -> list[tuple[TimelineEvent, float]]:
@@ -278,30 +300,50 @@ class InterruptScope:
     def _cut_all(
         self, registrations: list[Registration], reason: str, errors: list[BaseException]
     ) -> None:
-        me = threading.get_ident()
         for kind, group in itertools.groupby(registrations, key=kind_of):
             if kind is Kind.THREAD:
                 continue  # Threads stop cooperatively, or by escalation.
             acted = False
             for reg in group:
-                with self._lock:
-                    if not reg.active:
-                        continue  # Unregistered since the cancel: not ours to cut.
-                    reg._cutting = me
-                try:
-                    assert reg.cuttable is not None
-                    acted = reg.cuttable.cut(reason) or acted
-                except Exception:
-                    _log.exception("cutting %r failed", reg)
-                except BaseException as exc:
-                    errors.append(exc)  # Raised once every cut ran.
-                finally:
-                    with self._lock:
-                        reg._cutting = 0
-                        self._cond.notify_all()
+                acted = self._cut_one(reg, reason, errors) or acted
             event = CUT_EVENTS.get(kind)
             if acted and event is not None:
                 self._mark(event)
+
+    def _cut_one(self, reg: Registration, reason: str, errors: list[BaseException]) -> bool:
+        """Cut ``reg`` unless it ended or its owner is in a commit section; True if it acted.
+
+        A registration whose owner is inside a commit section is cut when
+        the section ends (``_shield``), on the owner's thread.
+        """
+        with self._lock:
+            if not reg.active:
+                return False  # Unregistered since the cancel: not ours to cut.
+            if defer_if_shielded(reg.owner, functools.partial(self._cut_late, reg, reason)):
+                return False
+            reg._cutting = threading.get_ident()
+        try:
+            assert reg.cuttable is not None
+            return reg.cuttable.cut(reason)
+        except Exception:
+            _log.exception("cutting %r failed", reg)
+        except BaseException as exc:
+            errors.append(exc)  # Raised once every cut ran.
+        finally:
+            with self._lock:
+                reg._cutting = 0
+                self._cond.notify_all()
+        return False
+
+    def _cut_late(self, reg: Registration, reason: str) -> None:
+        """The cut of ``reg`` that waited for its owner's commit section to end."""
+        errors: list[BaseException] = []
+        acted = self._cut_one(reg, reason, errors)
+        event = CUT_EVENTS.get(reg.kind)
+        if acted and event is not None:
+            self._mark(event)
+        if errors:
+            raise errors[0]
 
     def _cut_on_entry(self, reg: Registration, reason: str) -> None:
         if reg.cuttable is None:
@@ -409,44 +451,70 @@ class InterruptScope:
     # -- the cooperative points ------------------------------------------------
 
     def check(self) -> None:
-        """Raise ``Interrupted`` if the scope is cancelled."""
-        if self._state is ScopeState.CANCELLED:
+        """Raise ``Interrupted`` if the scope is cancelled (not inside a commit section)."""
+        if self._state is ScopeState.CANCELLED and not is_shielded(threading.get_ident()):
             raise Interrupted(self._reason or "cancelled")
 
     @contextlib.contextmanager
-    def committing(self) -> Iterator[None]:
-        """The point of no return: the block makes the work's effect durable (a COMMIT).
+    def committing(self, what: str = "commit") -> Iterator[None]:
+        """The point of no return: the block makes (part of) the work's effect durable.
 
-        Safe from any thread that runs this scope's work. Raises ``Interrupted``
-        without running the block if the scope is cancelled. Otherwise the
-        block runs to its end whatever happens to the scope meanwhile: a
-        cancel is recorded (``cancelled``, ``reason``, the timeline) and cuts
-        what is registered, but escalation does not raise in this thread
-        while it is inside the block. When the block ends without an
-        exception, this scope and its ancestors are ``committed``.
+        Safe from any thread that runs this scope's work. Raises
+        ``Interrupted`` without running the block if the scope is cancelled.
+        Otherwise the block runs to its end whatever happens to the scope
+        meanwhile, and ``what`` names it in ``commits`` if it ends without an
+        exception. Blocks may nest.
 
-        A host reports committed work as done, with the cancel as a late one:
-        "cancelled" promises that the effect did not happen (trio keeps
-        ``cancel_called`` and ``cancelled_caught`` apart for the same reason).
+        Cancellation: while the calling thread is inside, a cancel of any
+        scope is recorded (``cancelled``, ``reason``, the timeline) and cuts
+        everything other threads registered, but nothing this thread
+        registered (before the block or in it: the socket its COMMIT goes
+        over is not shut under it); ``check()``, ``sleep()`` and ``wait()``
+        do not raise in it, and escalation passes it by. When the outermost
+        block ends, the kept cuts run and the next cooperative point raises
+        ``Interrupted``. Keep the block short: nothing bounds it. A host that
+        must report meanwhile sees ``commit_open`` and cannot say that the
+        effect did not happen.
 
-        Cancellation: nothing inside the block is cut, so keep it short and
-        bounded; the cut waits for its end.
+        A host reports work whose commit ended and that then returned as
+        done, with the cancel as a late one: "cancelled" promises that the
+        effect did not happen (trio keeps ``cancel_called`` and
+        ``cancelled_caught`` apart for the same reason).
         """
-        # Shielded before the check: an escalation always follows a cancel,
-        # so a block that passed the check is shielded by the time one comes.
         with shielded():
-            self.check()
-            yield
+            # Shielded first: a cancel from here on finds the shield and keeps
+            # its cuts; one that came before is seen here.
+            if self._state is ScopeState.CANCELLED:
+                raise Interrupted(self._reason or "cancelled")
+            self._count_commit(+1, None)
+            ended_well = False
+            try:
+                yield
+                ended_well = True
+            finally:
+                self._count_commit(-1, what if ended_well else None)
+
+    def _count_commit(self, change: int, done: str | None) -> None:
+        """A commit section opened (+1) or closed (-1, ``done`` its name if it ended well)."""
         scope: InterruptScope | None = self
         while scope is not None:
             with scope._lock:
-                scope._committed = True
+                scope._open_commits += change
+                if done is not None:
+                    scope._commits.append(done)
             scope = scope.parent
 
     def sleep(self, seconds: float) -> None:
-        """Sleep ``seconds`` (inf: until cancelled); a cancel raises ``Interrupted`` at once."""
-        if self._cancelled_event.wait(_wait_timeout(max(0.0, seconds))):
-            raise Interrupted(self._reason or "cancelled")
+        """Sleep ``seconds`` (inf: until cancelled); a cancel raises ``Interrupted`` at once.
+
+        Inside a commit section (``committing()``) a cancel does not end it.
+        """
+        timeout = _wait_timeout(max(0.0, seconds))
+        if is_shielded(threading.get_ident()):
+            threading.Event().wait(timeout)
+            return
+        if self._cancelled_event.wait(timeout):
+            self.check()  # The cancel waits if the thread entered a section meanwhile.
 
     def wait(self, event: threading.Event, timeout: float | None = None) -> bool:
         """``event.wait(timeout)``, except that a cancel ends it at once with ``Interrupted``.
@@ -465,7 +533,7 @@ class InterruptScope:
         with self.register(waker):
             with cond:
                 set_ = cond.wait_for(
-                    lambda: event.is_set() or self.cancelled,
+                    lambda: event.is_set() or self.cancelled_here,
                     None if timeout is None else _wait_timeout(timeout),
                 )
         if event.is_set():
@@ -526,11 +594,15 @@ class InterruptScope:
                 # Owned from here until its kill is over, also when it is cut
                 # on entry below.
                 self._processes.add(target)
-            if self._state is ScopeState.OPEN:
+            reason = self._reason or "cancelled"
+            if self._state is ScopeState.OPEN or (
+                # In a commit section: registered, and cut when the section ends.
+                cuttable is not None
+                and defer_if_shielded(reg.owner, functools.partial(self._cut_late, reg, reason))
+            ):
                 self._registrations.add(reg)
                 self._counts[kind] += 1
                 return reg
-            reason = self._reason or "cancelled"
         reg.active = False
         self._cut_on_entry(reg, reason)
         raise Interrupted(reason)

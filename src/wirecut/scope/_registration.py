@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import threading
 from typing import Any, Protocol
 
 from wirecut.scope._cuttables import Cuttable
@@ -61,16 +62,27 @@ class Registration:
 
     ``target`` is what was registered (the socket, the object, the thread, or
     the ``ProcessTarget`` of a process); ``cuttable`` is how the scope cuts it
-    (None for a thread).
+    (None for a thread); ``owner`` is the ident of the thread that registered
+    it, whose commit section keeps a cancel from cutting it.
     """
 
-    __slots__ = ("_cutting", "_scope", "active", "cuttable", "in_user_code", "kind", "target")
+    __slots__ = (
+        "_cutting",
+        "_scope",
+        "active",
+        "cuttable",
+        "in_user_code",
+        "kind",
+        "owner",
+        "target",
+    )
 
     def __init__(self, scope: Owner, kind: Kind, target: Any, cuttable: Cuttable | None) -> None:
         self._scope = scope
         self.kind = kind
         self.target = target
         self.cuttable = cuttable
+        self.owner = threading.get_ident()
         self.active = True
         # Ident of the thread cutting this registration right now, or 0.
         self._cutting = 0

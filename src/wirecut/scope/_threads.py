@@ -9,12 +9,10 @@ target of escalation while (and only while) it runs the task's own code.
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import contextvars
 import ctypes
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -26,10 +24,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ScopeExecutor",
-    "is_shielded",
     "raise_in_thread",
     "run_registered",
-    "shielded",
     "start_thread",
     "thread_name",
 ]
@@ -40,34 +36,6 @@ T = TypeVar("T")
 
 def thread_name(scope: InterruptScope) -> str:
     return f"wirecut-{scope.name}" if scope.name else "wirecut-scope"
-
-
-# Threads inside a commit section (``InterruptScope.committing``), with how
-# many sections each has open: escalation passes them by, so an asynchronous
-# Interrupted cannot land between a COMMIT and the code that reports it.
-_shielded: collections.Counter[int] = collections.Counter()
-_shielded_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def shielded() -> Iterator[None]:
-    """Keep escalation out of the calling thread for the block (it may nest)."""
-    me = threading.get_ident()
-    with _shielded_lock:
-        _shielded[me] += 1
-    try:
-        yield
-    finally:
-        with _shielded_lock:
-            _shielded[me] -= 1
-            if not _shielded[me]:
-                del _shielded[me]
-
-
-def is_shielded(ident: int | None) -> bool:
-    """True while thread ``ident`` is inside a ``shielded()`` block."""
-    with _shielded_lock:
-        return ident in _shielded
 
 
 def raise_in_thread(ident: int | None, exc_type: type[BaseException] | None) -> None:
