@@ -33,10 +33,11 @@ from wirecut.console.runner import (
         (Ending.CUT, Reason.TIMEOUT, False, (Status.TIMEOUT, Reason.TIMEOUT, None)),
         (Ending.CUT, Reason.DISCONNECT, False, (Status.CANCELLED, Reason.DISCONNECT, None)),
         (Ending.FAILED, Reason.SHUTDOWN, False, (Status.CANCELLED, Reason.SHUTDOWN, None)),
-        # Cancelled too late: the work returned, or passed its commit section.
+        # Cancelled too late: the work returned (its commit section ended, or not).
         (Ending.RETURNED, Reason.USER, False, (Status.OK, None, Reason.USER)),
         (Ending.RETURNED, Reason.TIMEOUT, True, (Status.OK, None, Reason.TIMEOUT)),
-        (Ending.CUT, Reason.USER, True, (Status.OK, None, Reason.USER)),
+        # Cut after a commit section ended: a partial effect, named in lifecycle.commits.
+        (Ending.CUT, Reason.USER, True, (Status.CANCELLED, Reason.USER, None)),
         (Ending.FAILED, Reason.USER, True, (Status.ERROR, None, Reason.USER)),
         # A lost host: nobody saw it end, whatever it did.
         (Ending.RETURNED, Reason.LOST, True, (Status.ERROR, Reason.LOST, None)),
@@ -58,8 +59,15 @@ def test_cancelled_and_timeout_never_carry_a_late_cancel() -> None:
                 status, _, late = decide(ending, reason, committed=committed)
                 if status in (Status.CANCELLED, Status.TIMEOUT):
                     assert late is None
-                    assert not committed  # a committed effect is never "cancelled"
                     assert ending is not Ending.RETURNED
+
+
+def test_a_commit_still_open_is_never_cancelled_or_ok() -> None:
+    # Its effect may still happen: neither "it did not" nor "it did".
+    for ending in Ending:
+        for reason in Reason:
+            status, _, _ = decide(ending, reason, committed=False, commit_open=True)
+            assert status is Status.ERROR
 
 
 # -- the wire --------------------------------------------------------------------------------

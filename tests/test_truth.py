@@ -17,13 +17,20 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import socket
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from _acker import SlowAcker
 from _console import ConsoleClient, running_console
+from _poll import BOUND
+from wirecut.console.commands import CommandContext, CommandSet, builtin_commands, command
+from wirecut.console.runner import COMMIT_OPEN_ERROR
 from wirecut.memory import NoteStore
 
 SEED = random.randrange(1 << 32)
@@ -172,3 +179,101 @@ def test_a_chat_is_cancelled_only_if_its_reply_was_not_kept(
                 assert kept, f"#{i}: ok, yet its reply is not in the history: {complete}"
     print(f"outcomes: {outcomes}")
     assert console.server.state.runner.health()["workers"]["busy"] == 0
+
+
+# -- commit sections: a late cancel, a partial effect, an effect that may still happen -----
+
+
+def commit_commands(acker: SlowAcker, never: threading.Event) -> CommandSet:
+    """``test-commit`` (a COMMIT over loopback), ``test-two-steps``, ``test-hung-commit``."""
+
+    @command("test-commit", usage="test-commit", summary="(tests) one COMMIT, acknowledged")
+    def commit(ctx: CommandContext, args: list[str]) -> None:
+        with socket.create_connection(acker.address) as sock:
+            with ctx.scope.register_socket(sock), ctx.scope.committing("write"):
+                sock.sendall(b"COMMIT\n")
+                ack = sock.recv(16)
+        ctx.write(f"acknowledged: {ack.decode().strip()}\n")
+
+    @command("test-two-steps", usage="test-two-steps", summary="(tests) commits, then blocks")
+    def two_steps(ctx: CommandContext, args: list[str]) -> None:
+        with ctx.scope.committing("step 1"):
+            pass
+        ctx.write("step 1 done\n")
+        ctx.scope.wait(never)  # step 2, which the cancel cuts
+
+    @command("test-hung-commit", usage="test-hung-commit", summary="(tests) a COMMIT that hangs")
+    def hung(ctx: CommandContext, args: list[str]) -> None:
+        with ctx.scope.committing("write"):
+            ctx.write("committing\n")
+            never.wait(60)  # a commit the cancel cannot end
+
+    return builtin_commands().plus(commit, two_steps, hung)
+
+
+@pytest.fixture
+def acker() -> Iterator[SlowAcker]:
+    server = SlowAcker()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_a_cancel_during_a_commit_waits_for_it_and_the_command_is_ok_with_a_late_cancel(
+    tmp_path: Path, acker: SlowAcker
+) -> None:
+    never = threading.Event()
+    commands = commit_commands(acker, never)
+    with running_console(tmp_path, commands=commands) as console, console.client() as client:
+        id = client.run("test-commit")
+        assert acker.got_commit.wait(BOUND)
+        client.cancel(id)
+        acker.ack.set()
+        complete = client.complete(id)
+        assert client.output(id) == "acknowledged: OK\n"  # the COMMIT's socket was not cut
+    assert (complete["status"], complete["reason"], complete["late_cancel"]) == ("ok", None, "user")
+    assert complete["lifecycle"]["commits"] == ["write"]
+    assert "commit_open" not in complete["lifecycle"]
+
+
+def test_work_cut_after_a_commit_is_cancelled_with_the_commit_named(
+    tmp_path: Path, acker: SlowAcker
+) -> None:
+    never = threading.Event()
+    commands = commit_commands(acker, never)
+    with running_console(tmp_path, commands=commands) as console, console.client() as client:
+        id = client.run("test-two-steps")
+        client.wait_output(id)
+        client.cancel(id)
+        complete = client.complete(id)
+    assert (complete["status"], complete["reason"], complete["late_cancel"]) == (
+        "cancelled",
+        "user",
+        None,
+    )
+    assert complete["lifecycle"]["commits"] == ["step 1"]
+    assert complete["lifecycle"]["worker_exited"] is True
+
+
+def test_a_commit_still_running_at_the_unwind_bound_is_never_reported_cancelled(
+    tmp_path: Path, acker: SlowAcker
+) -> None:
+    never = threading.Event()
+    commands = commit_commands(acker, never)
+    try:
+        with (
+            running_console(tmp_path, commands=commands, unwind_timeout=0.3) as console,
+            console.client() as client,
+        ):
+            id = client.run("test-hung-commit")
+            client.wait_output(id)
+            client.cancel(id)
+            complete = client.complete(id)
+            never.set()  # the commit ends, and the leaked worker with it
+    finally:
+        never.set()
+    assert (complete["status"], complete["reason"]) == ("error", "user")
+    assert complete["error"] == COMMIT_OPEN_ERROR
+    assert complete["lifecycle"]["commit_open"] is True
+    assert complete["lifecycle"]["worker_exited"] is False

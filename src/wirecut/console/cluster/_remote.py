@@ -306,7 +306,7 @@ def remote_facts(
     ``reason`` is the serve process's cancel (None: it did not cancel the
     command); ``cancelled_at`` when it did (``time.monotonic()``). The status
     follows how the job ended on its host (``decide``): a job the host saw
-    return, or commit, is ``ok`` with the cancel as ``late_cancel``. The
+    return is ``ok`` with the cancel as ``late_cancel``. The
     host's steps are placed on the command's timeline at the latest time the
     receipt allows (its arrival minus the host's own cancel-to-complete
     time), so a step is never shown earlier than it can have happened.
@@ -323,7 +323,12 @@ def remote_facts(
             status, error, reason = remote.status, remote.error, remote.reason
             late = remote.late_cancel
         else:
-            status, reason, late = decide(_ending(remote), reason, committed=_committed(remote))
+            status, reason, late = decide(
+                _ending(remote),
+                reason,
+                committed=bool(remote.lifecycle.commits),
+                commit_open=remote.lifecycle.commit_open,
+            )
             error = remote.error if status is Status.ERROR else None
     else:
         assert reason is not None
@@ -356,6 +361,8 @@ def remote_facts(
         node=outcome.node,
         node_ip=outcome.node_ip,
         force_killed=force_killed,
+        commits=life.commits,
+        commit_open=life.commit_open,
     )
     if remote is not None:
         usage = remote.usage
@@ -373,11 +380,6 @@ def _ending(facts: CompleteFacts) -> Ending:
     if facts.status is Status.ERROR and facts.reason is None:
         return Ending.FAILED
     return Ending.CUT
-
-
-def _committed(facts: CompleteFacts) -> bool:
-    # The host reports a commit that a cancel came too late for as a late cancel.
-    return facts.late_cancel is not None
 
 
 def _timeline(outcome: Outcome, cancelled_at: float) -> tuple[TimelineStep, ...]:

@@ -23,6 +23,7 @@ from wirecut.console.runner._lifecycle import (
 from wirecut.console.runner._output import OutputBuffer, OutputFlusher, bind_output, route_stdio
 from wirecut.console.runner._pool import WorkerPool
 from wirecut.console.runner._record import (
+    COMMIT_OPEN_ERROR,
     CompleteFacts,
     Ending,
     Lifecycle,
@@ -44,6 +45,7 @@ from wirecut.console.runner._runner import (
 CommandRecord = Command
 
 __all__ = [
+    "COMMIT_OPEN_ERROR",
     "TRANSITIONS",
     "Accepted",
     "Command",

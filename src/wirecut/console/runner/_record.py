@@ -9,11 +9,16 @@ the renderers take the type; nothing else builds the dict.
 The status rule (docs/protocol.md, "Rules"). ``cancelled`` and ``timeout``
 promise that the command's effect did not happen. So the status follows how
 the work ended, not whether a cancel was asked (trio keeps ``cancel_called``
-and ``cancelled_caught`` apart for the same reason): work that returned, or
-whose commit section passed (``InterruptScope.committed``), completes ``ok``
-even when a cancel came meanwhile; that cancel's reason goes in
-``late_cancel`` and ``reason`` stays null. ``decide`` is the one place that
-applies the rule, for every runner.
+and ``cancelled_caught`` apart for the same reason): work that returned
+completes ``ok`` even when a cancel came meanwhile (a cancel that reached it
+inside its commit section waited for the section's end); that cancel's
+reason goes in ``late_cancel`` and ``reason`` stays null. Work cut after a
+commit section ended did part of its effect: it completes ``cancelled`` (or
+``timeout``) with the committed sections named in ``lifecycle.commits``.
+Work still inside a commit section when the unwind bound passed may yet
+have its effect: it completes ``error``, never ``cancelled``, with
+``lifecycle.commit_open``. ``decide`` is the one place that applies the rule,
+for every runner.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 from wirecut._record import NO_USAGE, Status, TimelineStep, UsageFacts, make_timeline
 
 __all__ = [
+    "COMMIT_OPEN_ERROR",
     "CompleteFacts",
     "Ending",
     "Lifecycle",
@@ -36,6 +42,13 @@ __all__ = [
     "decide",
     "make_timeline",
 ]
+
+
+#: The ``error`` of a command reported while its commit section still ran.
+COMMIT_OPEN_ERROR = (
+    "the cancel came during a commit that had not ended by the unwind bound: "
+    "its effect may still happen"
+)
 
 
 class Reason(enum.StrEnum):
@@ -71,13 +84,14 @@ class Ending(enum.Enum):
 
 
 def decide(
-    ending: Ending, reason: Reason | None, *, committed: bool = False
+    ending: Ending, reason: Reason | None, *, committed: bool = False, commit_open: bool = False
 ) -> tuple[Status, Reason | None, Reason | None]:
     """``(status, reason, late_cancel)`` of a command that ended as ``ending``.
 
     ``reason`` is the runner's cancel (None: none came); ``committed`` is
-    True once the work's commit section passed. A lost host is an error
-    whatever the work did, since nobody saw it end.
+    True once a commit section of the work ended well, ``commit_open`` while
+    one runs. A lost host is an error whatever the work did, since nobody
+    saw it end; so is work whose commit had not ended when it was reported.
     """
     if reason is Reason.LOST:
         return Status.ERROR, Reason.LOST, None
@@ -85,8 +99,13 @@ def decide(
         # Interrupted with no cancel of the runner's: a scope of the work's
         # own cut it, which is the work failing.
         return (Status.OK if ending is Ending.RETURNED else Status.ERROR), None, None
-    if committed or ending is Ending.RETURNED:
-        return (Status.ERROR if ending is Ending.FAILED else Status.OK), None, reason
+    if commit_open:
+        return Status.ERROR, reason, None  # Its effect may still happen.
+    if ending is Ending.RETURNED:
+        return Status.OK, None, reason
+    if committed and ending is Ending.FAILED:
+        return Status.ERROR, None, reason
+    # Cut: nothing happened, or only the sections named in lifecycle.commits.
     return reason.status, reason, None
 
 
@@ -110,6 +129,10 @@ class Lifecycle:
     node: str | None = None
     node_ip: str | None = None
     force_killed: bool | None = None
+    #: The commit sections that ended well (``InterruptScope.commits``).
+    commits: tuple[str, ...] = ()
+    #: True when a commit section was still running as the facts were decided.
+    commit_open: bool = False
 
     @classmethod
     def unstarted(cls, *, cancelled: bool) -> Lifecycle:
@@ -138,6 +161,10 @@ class Lifecycle:
         if self.node is not None:
             wire["node"] = self.node
             wire["node_ip"] = self.node_ip
+        if self.commits:
+            wire["commits"] = list(self.commits)
+        if self.commit_open:
+            wire["commit_open"] = True
         return wire
 
     def step_ms(self, event: str) -> float | None:
@@ -176,14 +203,21 @@ class CompleteFacts:
         elapsed_ms: float,
         usage: UsageFacts,
         lifecycle: Lifecycle,
-        committed: bool = False,
     ) -> CompleteFacts:
         """A command whose work ended as ``ending``; ``cancel`` is the runner's reason, if any.
 
-        The status comes from ``decide``; ``error`` is kept only for a
-        command that ends ``error`` (a cut's message is not news).
+        The status comes from ``decide`` (its commits from ``lifecycle``);
+        ``error`` is kept only for a command that ends ``error`` (a cut's
+        message is not news).
         """
-        status, reason, late = decide(ending, cancel, committed=committed)
+        status, reason, late = decide(
+            ending,
+            cancel,
+            committed=bool(lifecycle.commits),
+            commit_open=lifecycle.commit_open,
+        )
+        if status is Status.ERROR and reason is not None and lifecycle.commit_open:
+            error = COMMIT_OPEN_ERROR
         return cls(
             status,
             error if status is Status.ERROR else None,
@@ -254,6 +288,8 @@ class CompleteFacts:
                 node=life.get("node"),
                 node_ip=life.get("node_ip"),
                 force_killed=life.get("force_killed"),
+                commits=tuple(life.get("commits", ())),
+                commit_open=bool(life.get("commit_open", False)),
             ),
             late_cancel=None if data.get("late_cancel") is None else Reason(data["late_cancel"]),
             extra={k: v for k, v in data.items() if k not in known},

@@ -226,6 +226,8 @@ class ThreadPlacement:
             started=command.ran,
             timeline=steps,
             open_threads=counts["threads"] if command.leaked else None,
+            commits=scope.commits,
+            commit_open=scope.commit_open,
         )
         ending, error = _ending(command)
         if exited:
@@ -243,7 +245,6 @@ class ThreadPlacement:
             elapsed_ms=command.elapsed_ms,
             usage=usage,
             lifecycle=lifecycle,
-            committed=scope.committed,
         )
 
     # -- health ---------------------------------------------------------------------------
