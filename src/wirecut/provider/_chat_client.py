@@ -117,8 +117,10 @@ class ChatClient:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
         self._owns_http = http_client is None
-        self._http = http_client or wirecut.http.client(
-            timeout=self._timeout, connect_timeout=connect_timeout
+        # httptools, not h11, under every streamed token (wirecut.http.H1Transport).
+        self._http = http_client or httpx.Client(
+            transport=wirecut.http.H1Transport(connect_timeout=connect_timeout),
+            timeout=self._timeout,
         )
         # Guards the state only; chat() runs without it.
         self._lock = threading.Lock()
