@@ -53,6 +53,8 @@ __all__ = ["H1Transport"]
 
 #: Bytes asked of one ``recv``: a burst of tokens that queued up is read at once.
 READ_SIZE = 65536
+#: poll()'s "the peer hung up" (Linux): a pause between reads waits for it only.
+_POLLRDHUP: int | None = getattr(select, "POLLRDHUP", None)
 
 _Origin = tuple[str, str, int]  # scheme, host, port
 
@@ -64,13 +66,30 @@ class _Connection:
     cut reaches the socket from any thread, and only shuts it down.
     """
 
-    __slots__ = ("_read_timeout", "hold", "origin", "sock")
+    __slots__ = ("_hangup", "_read_timeout", "hold", "origin", "sock")
 
     def __init__(self, hold: SocketHold, sock: socket.socket, origin: _Origin) -> None:
         self.hold = hold
         self.sock = sock
         self.origin = origin
         self._read_timeout: float | bool | None = False  # False: not set yet
+        self._hangup: select.poll | None = None
+
+    def pause(self, seconds: float) -> None:
+        """Wait ``seconds``, or less if the socket is shut down or its peer closed.
+
+        Data arriving does not end the wait (it is what the wait is for): the
+        poll asks for a hang-up only, which a cut (``shutdown``) is. Where
+        the system cannot ask that (no ``POLLRDHUP``), the scope's sleep,
+        which a cancel ends, does it.
+        """
+        if _POLLRDHUP is None:
+            _pause(self.hold.scope, seconds)
+            return
+        if self._hangup is None:
+            self._hangup = select.poll()
+            self._hangup.register(self.sock, _POLLRDHUP)
+        self._hangup.poll(seconds * 1000)
 
     def recv(self, timeout: float | None) -> bytes:
         """One read of at most ``READ_SIZE`` bytes; ``TimeoutError`` after ``timeout`` s.
@@ -435,9 +454,9 @@ class _Body(httpx.SyncByteStream):
         flowing = bool(data)
         while not parser.complete:
             if pace and flowing:
-                # What arrives meanwhile waits in the socket for the next read.
-                # The scope's sleep wakes on a cancel, whose cut ends the read.
-                _pause(connection.hold.scope, pace)
+                # What arrives meanwhile waits in the socket for the next read;
+                # a cut ends the pause, and the read then sees it.
+                connection.pause(pace)
             received = _recv(connection, self._read_timeout)
             if received:
                 _feed(parser, received)

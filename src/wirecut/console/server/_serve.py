@@ -100,9 +100,9 @@ class ConsoleConfig:
     #: max_tokens of one chat reply.
     max_tokens: int = DEFAULT_MAX_TOKENS
     #: Seconds between two reads of a streaming reply: each takes every token that
-    #: came meanwhile (a person reads 25 updates a second; a token each would cost
-    #: a wake-up of its worker a token).
-    read_interval: float = 0.04
+    #: came meanwhile, so a reply is shown 12 times a second (its first token at
+    #: once) and a token costs a fraction of a worker's wake-up instead of one.
+    read_interval: float = 0.08
     #: Host names it answers to besides the ones it is bound to (``--allowed-host``).
     allowed_hosts: tuple[str, ...] = ()
     #: Bounds on connections, timeouts included (docs/security.md).
