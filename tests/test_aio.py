@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 import json
+import logging
 import re
 import signal
 import socket
@@ -28,10 +30,11 @@ import pytest
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import wirecut.scope as ws
+from _poll import until
 from wirecut.aio import CANCEL_REASON, Unwind, cancel_on_disconnect, run_sync, unwind_of
 from wirecut.provider import ChatClient, ChatResult
 from wirecut.scope import Interrupted, InterruptScope, TimelineEvent
@@ -328,6 +331,26 @@ def test_asyncio_timeout_still_becomes_timeout_error() -> None:
         asyncio.run(main())
 
 
+def test_a_cancelled_call_whose_work_raises_logs_no_unretrieved_exception(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Each cut work raises Interrupted; that is the cancel working, not an
+    # error of the host's to be logged at garbage collection.
+    async def main() -> None:
+        for _ in range(3):
+            gate = threading.Event()
+            task = asyncio.create_task(run_sync(ws.wait, gate))
+            await asyncio.sleep(0)  # the call has started its thread
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        asyncio.run(main())
+        gc.collect()
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+
+
 # -- cancel_on_disconnect -----------------------------------------------------------
 
 
@@ -404,6 +427,45 @@ def test_cancel_on_disconnect_leaves_a_finished_request_alone() -> None:
     assert not reply.interrupted
     assert reply.finish_reason == "stop"
     assert b"200 OK" in response
+
+
+def test_after_the_block_the_scope_says_the_client_left_though_the_work_came_back_whole() -> None:
+    # The work ignores the cut (its last token had come): the answer is whole,
+    # and still the client is gone, which the scope says after the block.
+    scopes: list[InterruptScope] = []
+    release = threading.Event()
+    answered: list[str] = []
+
+    def whole_answer() -> str:
+        release.wait(BOUND)
+        return "whole"
+
+    async def endpoint(request: Request) -> Response:
+        async with cancel_on_disconnect(request) as scope:
+            scopes.append(scope)
+            reply = await run_sync(whole_answer, scope=scope)
+        answered.append("left" if scope.cancelled else reply)
+        return Response(status_code=499 if scope.cancelled else 200)
+
+    app = Starlette(routes=[Route("/x", endpoint, methods=["POST"])])
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    sock = socket.create_server(("127.0.0.1", 0))
+    thread = threading.Thread(target=server.run, args=([sock],), daemon=True)
+    thread.start()
+    try:
+        conn = _post(sock.getsockname()[1], "/x", {})
+        until(lambda: bool(scopes))
+        conn.close()
+        until(lambda: scopes[0].cancelled)  # the watch saw the disconnect
+        release.set()
+        until(lambda: bool(answered))
+    finally:
+        release.set()
+        server.should_exit = True
+        thread.join(BOUND)
+        sock.close()
+    assert answered == ["left"]
 
 
 # -- the example of docs/aio.md, as written ------------------------------------------------
