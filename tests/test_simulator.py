@@ -362,9 +362,12 @@ def test_a_failure_after_taking_a_slot_still_ends_the_request(
 
 # -- prompt processing in batches --------------------------------------------
 
-#: 40 batches of 100 tokens, 0.1 s each: a prompt of about 4 s.
+#: 41 batches of 100 tokens, 0.1 s each: a prompt of about 4 s.
 BATCHED: dict[str, Any] = {"prompt_tokens_per_second": 1000.0, "prompt_batch": 100}
 LONG_PROMPT = [{"role": "user", "content": " ".join(["word"] * 4000)}]
+#: What the ChatML template adds to a one-message prompt: <|im_start|>, "user\n",
+#: <|im_end|>, "\n", then <|im_start|> and "assistant\n" for the reply.
+TEMPLATE_TOKENS = 6
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "non_stream"])
@@ -380,11 +383,11 @@ def test_a_close_during_batched_prompt_processing_is_noticed_only_between_batche
         sock.shutdown(socket.SHUT_RDWR)
         closed = sim.wait_for(of(EventKind.PEER_CLOSED, request_id), timeout=5)
         freed = sim.wait_for(of(EventKind.SLOT_FREED, request_id), timeout=5)
-    assert first.detail == {"slot": 0, "n_prompt": 100, "of": 4000}
+    assert first.detail == {"slot": 0, "n_prompt": 100, "of": 4000 + TEMPLATE_TOKENS}
     # While it processes the prompt, /slots says so under llama.cpp's names.
     assert slot["is_processing"] is True
     assert slot["n_decoded"] == 0
-    assert slot["n_prompt_tokens"] == 4000
+    assert slot["n_prompt_tokens"] == 4000 + TEMPLATE_TOKENS
     assert 100 <= slot["n_prompt_tokens_processed"] < 4000
     assert closed.detail["where"] == "prompt"
     assert closed.detail["n_decoded"] == 0
@@ -406,7 +409,7 @@ def test_a_batched_prompt_that_is_not_cut_is_processed_whole_then_decoded(
     sim = make_sim(prompt_tokens_per_second=20000.0, prompt_batch=512)
     body = {"messages": [{"role": "user", "content": " ".join(["word"] * 1200)}]}
     reply = client.post(sim.base_url + "/chat/completions", json=body).json()
-    assert reply["usage"]["prompt_tokens"] == 1200
+    assert reply["usage"]["prompt_tokens"] == 1200 + TEMPLATE_TOKENS
     # The reply leaves before the request's last events are logged: wait for them.
     sim.wait_for(lambda ev: ev.kind == EventKind.SLOT_FREED, timeout=5)
     kinds = [ev.kind for ev in sim.events() if ev.kind != "token"]
@@ -421,9 +424,9 @@ def test_a_batched_prompt_that_is_not_cut_is_processed_whole_then_decoded(
         "slot_freed",
     ]
     sizes = [ev.detail["n_prompt"] for ev in sim.events() if ev.kind == "prompt_batch"]
-    assert sizes == [512, 1024, 1200]
+    assert sizes == [512, 1024, 1200 + TEMPLATE_TOKENS]
     slot = sim.slots()[0]
-    assert (slot["n_prompt_tokens"], slot["n_prompt_tokens_processed"]) == (1200, 1200)
+    assert slot["n_prompt_tokens"] == slot["n_prompt_tokens_processed"] == 1200 + TEMPLATE_TOKENS
 
 
 def test_stop_ends_a_batched_prompt_at_once(make_sim: Callable[..., SimulatorServer]) -> None:
