@@ -749,6 +749,8 @@ def test_server_that_cannot_listen_says_so(make_sim: Callable[..., SimulatorServ
         {"prompt_batch": 0},
         {"reply_tokens": -1},
         {"slots": True},
+        {"multibyte_every": -1},
+        {"multibyte_every": 1.5},
     ],
 )
 def test_sim_config_rejects_bad_values(bad: dict[str, Any]) -> None:
@@ -760,7 +762,8 @@ def test_simulator_imports_nothing_from_the_client_side() -> None:
     code = (
         "import sys, wirecut.simulator\n"
         "bad = [m for m in sys.modules if m.split('.')[:2] in "
-        "(['wirecut', 'scope'], ['wirecut', 'http'], ['wirecut', 'provider'])]\n"
+        "(['wirecut', 'scope'], ['wirecut', 'http'], ['wirecut', 'provider'],"
+        " ['wirecut', 'proxy'])]\n"
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
@@ -778,6 +781,7 @@ def test_provider_help_lists_the_protocol_flags() -> None:
     assert "--endless" in result.output
     assert "--prompt-tokens-per-second" in result.output
     assert "--prompt-batch" in result.output
+    assert "--multibyte-every" in result.output
 
 
 @pytest.mark.parametrize(
@@ -791,6 +795,7 @@ def test_provider_help_lists_the_protocol_flags() -> None:
         ["--prompt-batch", "0"],
         ["--slots", "0"],
         ["--reply-tokens", "-1"],
+        ["--multibyte-every", "-1"],
         ["--port", "70000"],
         ["--no-such-flag"],
     ],
@@ -814,6 +819,28 @@ def test_cli_serves_until_a_signal_then_exits_0(sig: signal.Signals) -> None:
         assert match, line
         assert httpx.get(match[1].removesuffix("/v1") + "/health").json() == {"status": "ok"}
         proc.send_signal(sig)
+        assert proc.wait(10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_cli_multibyte_every_makes_generated_replies_multi_byte() -> None:
+    argv = [sys.executable, "-m", "wirecut", "provider", "--port", "0", "--prompt-ms", "0"]
+    argv += ["--tokens-per-second", "1000", "--reply-tokens", "4", "--multibyte-every", "1"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "a multi-byte word in 1" in line, line
+        base = line.partition(": ")[2].split(" ")[0]
+        reply = httpx.post(base + "/chat/completions", json={"messages": HELLO}, timeout=10).json()
+        text = reply["choices"][0]["message"]["content"]
+        assert not text.isascii()
+        assert reply["usage"]["completion_tokens"] >= 4
+        proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == 0
     finally:
         proc.kill()
