@@ -9,6 +9,7 @@ fewer chunks than tokens, as llama.cpp's does.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -59,6 +60,12 @@ def test_split_joins_back_to_the_text(text: str) -> None:
     assert _joined(split(text)) == text
 
 
+@given(st.text(alphabet=st.characters(max_codepoint=0x7F)).filter(lambda t: "<|" not in t))
+def test_ascii_text_splits_as_scripted_replies_always_were(text: str) -> None:
+    # Default behaviour unchanged: a scripted ASCII reply streams the same tokens as before.
+    assert split(text) == re.findall(r"\s*\S+\s*|\s+", text)
+
+
 @given(st.lists(st.sampled_from([*WORDS, *MULTIBYTE_WORDS]), max_size=30))
 def test_a_generated_reply_splits_into_its_words_tokens(words: list[str]) -> None:
     # A reply is streamed word by word: the whole text must count the same.
@@ -71,14 +78,17 @@ def test_each_non_ascii_character_is_a_token_per_utf8_byte() -> None:
     assert split("the slot 日 ") == ["the ", "slot ", b"\xe6", b"\x97", b"\xa5", " "]
 
 
-def test_a_long_ascii_run_is_cut_into_pieces_of_at_most_16() -> None:
-    assert split("a" * 40 + " x") == ["a" * 16, "a" * 16, "a" * 8 + " ", "x"]
+def test_a_word_of_ascii_is_one_token_with_the_whitespace_around_it() -> None:
+    # The rule scripted replies were always cut by: a run, however long, is one token.
+    assert split("a" * 40 + " x") == ["a" * 40 + " ", "x"]
+    assert split("  hi there\n\n") == ["  hi ", "there\n\n"]
+    # Leading whitespace joins a word only at the start of the text.
+    assert split("日 hi") == [b"\xe6", b"\x97", b"\xa5", " ", "hi"]
 
 
 def test_special_tokens_are_one_token_only_when_parsed() -> None:
     assert split("<|im_start|>user\n") == ["<|im_start|>", "user\n"]
-    # Unparsed, it is plain text: 17 characters, cut at 16.
-    assert split("<|im_start|>user\n", parse_special=False) == ["<|im_start|>user", "\n"]
+    assert split("<|im_start|>user\n", parse_special=False) == ["<|im_start|>user\n"]
 
 
 def test_tokenizer_forgets_hashed_ids_beyond_what_it_remembers() -> None:

@@ -8,9 +8,9 @@ reports and what ``/tokenize`` answers are all ``split`` of the same text.
 
 The rule, a pure function of the text:
 
-- a run of non-space ASCII with the whitespace after it is one token, cut
-  into pieces of at most ``MAX_PIECE`` characters;
-- a run of whitespace that no such run precedes is one token;
+- a run of non-space ASCII with the whitespace after it is one token (with
+  the whitespace before it too, at the start of the text);
+- any other run of whitespace is one token;
 - every other character is one token per byte of its UTF-8 form, like a
   byte-level BPE's rare characters: such a byte alone is no text, so a
   stream carries the character only once its last byte is decoded (one
@@ -46,7 +46,6 @@ __all__ = [
     "BOS_TOKEN",
     "CHAT_TEMPLATE",
     "EOS_TOKEN",
-    "MAX_PIECE",
     "SPECIAL_TOKENS",
     "Token",
     "Tokenizer",
@@ -56,9 +55,6 @@ __all__ = [
     "message_text",
     "split",
 ]
-
-#: The longest piece of ASCII text that is one token.
-MAX_PIECE = 16
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 BOS_TOKEN = "<|im_start|>"
@@ -73,8 +69,10 @@ CHAT_TEMPLATE = (
 )
 
 _SPECIAL = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL_TOKENS) + ")")
-# Non-space ASCII with the whitespace after it | whitespace | one other character.
-_PIECE = re.compile(r"[^\s\x80-\U0010ffff]+\s*|\s+|[^\x00-\x7f]")
+# Non-space ASCII with the whitespace after it (and before it, at the start) |
+# whitespace | one other character. On ASCII text this is the word rule that
+# scripted replies have always been cut by.
+_PIECE = re.compile(r"\A\s*[^\s\x80-\U0010ffff]+\s*|[^\s\x80-\U0010ffff]+\s*|\s+|[^\x00-\x7f]")
 
 _FIRST_SPECIAL_ID = 256
 _FIRST_WORD_ID = _FIRST_SPECIAL_ID + len(SPECIAL_TOKENS)
@@ -133,7 +131,7 @@ def split(text: str, *, parse_special: bool = True) -> list[str | bytes]:
             if len(piece) == 1 and ord(piece) > 0x7F and not piece.isspace():
                 out.extend(bytes([b]) for b in piece.encode())
             else:
-                out.extend(piece[i : i + MAX_PIECE] for i in range(0, len(piece), MAX_PIECE))
+                out.append(piece)
     return out
 
 
