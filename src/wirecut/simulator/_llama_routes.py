@@ -25,6 +25,7 @@ from wirecut.simulator._tokenizer import (
     BOS_TOKEN,
     CHAT_TEMPLATE,
     EOS_TOKEN,
+    Token,
     Tokenizer,
     UnknownToken,
     apply_template,
@@ -119,14 +120,14 @@ class LlamaRoutes:
             return _bad(_anthropic_format.error_body, exc)
         return JSONResponse({"input_tokens": parsed.prompt_tokens})
 
-    def _tokens(self, content: object, parse_special: bool) -> list[Any]:
+    def _tokens(self, content: object, parse_special: bool) -> list[Token]:
         # llama.cpp: no content, no tokens; a list mixes text and token ids.
         if content is None:
             return []
         if isinstance(content, str):
             return self._tokenizer.tokenize(content, parse_special=parse_special)
         if isinstance(content, list) and all(isinstance(c, str) or _is_int(c) for c in content):
-            tokens: list[Any] = []
+            tokens: list[Token] = []
             for part in content:
                 if isinstance(part, str):
                     tokens += self._tokenizer.tokenize(part, parse_special=parse_special)
