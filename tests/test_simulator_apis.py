@@ -465,6 +465,29 @@ def test_peer_close_on_every_route_is_noticed_at_the_next_token_and_frees_the_sl
 
 
 @pytest.mark.parametrize("route", NEW_ROUTES)
+def test_a_close_during_the_prompt_of_every_route_is_noticed_between_batches(
+    make_sim: Callable[..., SimulatorServer], route: str
+) -> None:
+    # 4,000 words of prompt at 1,000 tokens/s in batches of 100: about 4 s of prompt.
+    sim = make_sim(prompt_tokens_per_second=1000.0, prompt_batch=100)
+    with raw_post(sim, route, body_for(route, " ".join(["word"] * 4000), stream=True)) as sock:
+        request_id = request_id_of(sim, sock)
+        first = sim.wait_for(of(EventKind.PROMPT_BATCH, request_id), timeout=5)
+        sock.shutdown(socket.SHUT_RDWR)
+        closed = sim.wait_for(of(EventKind.PEER_CLOSED, request_id), timeout=5)
+        sim.wait_for(of(EventKind.SLOT_FREED, request_id), timeout=5)
+    # The prompt is the route's own: templated (or, for a text completion, as sent).
+    assert first.detail["of"] == prompt_size(route)
+    assert closed.detail["where"] == "prompt"
+    assert not any(ev.kind == EventKind.FIRST_TOKEN for ev in sim.events())
+
+
+def prompt_size(route: str) -> int:
+    # 4,000 words; a one-message ChatML template adds 6 tokens, a text prompt none.
+    return 4000 if route == "/v1/completions" else 4006
+
+
+@pytest.mark.parametrize("route", NEW_ROUTES)
 def test_queued_client_of_every_route_that_leaves_never_takes_a_slot(
     make_sim: Callable[..., SimulatorServer], route: str
 ) -> None:
