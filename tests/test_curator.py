@@ -625,8 +625,9 @@ def test_a_declined_group_is_not_asked_about_again_inside_a_larger_group(
     paris = store.add("Train to Paris", "Monday").id
     museum = store.add("Paris museum", "Sunday").id
     # The Lyon notes are offered first (three titles, "Lyon" starts each);
-    # the model declines them, and with them every part of them. The train
-    # notes (times, seats, and the Paris train) hold two of them: never asked.
+    # the model declines them: they are not about one thing. The train notes
+    # (times, seats, and the Paris train) would bring two of them together
+    # again: never asked. Neither is the Lyon group a second time.
     asked: list[list[int]] = []
 
     def reply(body: dict[str, Any]) -> Mapping[str, Any]:
@@ -1291,6 +1292,11 @@ def test_a_degenerate_plan_writes_nothing_and_the_command_says_why(
         ("Lyon Lyon Lyon", "the title repeats 'Lyon'"),
         ("Lyon trip", "the title is the title of note #2 alone, not of all 2"),
         ("Holiday plans", "the title names no word that all its notes hold"),
+        (
+            "Paris",
+            "the title names no word that all its notes hold; "
+            "the title is the title of note #4, which it does not merge",
+        ),
     ],
 )
 def test_an_unfit_title_is_replaced_by_what_the_titles_share_and_the_run_says_so(

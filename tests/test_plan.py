@@ -144,7 +144,7 @@ def test_a_word_in_more_titles_than_an_umbrella_holds_makes_several_groups() -> 
 # -- the request: the group, listed by id, and its schema -------------------------------
 
 
-def test_the_request_lists_the_notes_by_id_and_offers_the_whole_group_first() -> None:
+def test_the_request_lists_the_notes_by_id_and_offers_the_whole_group() -> None:
     request = plan_request(BIKE)
     assert request.prompt == (
         "Notes:\n"
@@ -153,17 +153,19 @@ def test_the_request_lists_the_notes_by_id_and_offers_the_whole_group_first() ->
         "#6 Bike brakes\n   New pads from Cycle Hub before the Alps ride in June.\n"
         "Answer:"
     )
-    # The whole group first (a small model takes the first), then its parts.
-    assert request.groups == ((4, 5, 6), (4, 5), (4, 6), (5, 6))
+    # The whole group or none: offered its parts, a small model leaves notes out.
+    assert request.groups == ((4, 5, 6),)
     items = request.schema["properties"]["umbrellas"]["items"]
     assert request.schema["properties"]["umbrellas"]["maxItems"] == 1
-    assert items["properties"]["notes"]["enum"] == [[4, 5, 6], [4, 5], [4, 6], [5, 6]]
+    assert items["properties"]["notes"]["enum"] == [[4, 5, 6]]
     assert items["required"] == ["notes", "title"]  # no summary unless asked for
+    assert validate_against(request.schema, {"umbrellas": []})
+    assert not validate_against(request.schema, {"umbrellas": [{"notes": [4, 5], "title": "Bike"}]})
 
 
-def test_a_request_offers_only_parts_whose_titles_share_a_word() -> None:
+def test_a_request_over_notes_whose_titles_share_no_word_offers_nothing() -> None:
     request = plan_request([note(1, "Lyon trip"), note(2, "Lyon hotel"), note(3, "Hotel bill")])
-    assert request.groups == ((1, 2), (2, 3))
+    assert request.groups == ()
 
 
 def test_a_request_with_summarize_asks_for_a_summary() -> None:
@@ -301,6 +303,13 @@ def test_deeply_nested_json_is_a_defect_not_a_crash(text: str) -> None:
         ("The Bike, tyres", BIKE, ["the title is the title of note #4 alone, not of all 3"]),
         ("Trips, part 12", [note(1, "Trips, part 3"), note(2, "Trip 9 train")], []),
         ("Cycling maintenance", BIKE, ["the title names no word that all its notes hold"]),
+        ("Bike upkeep", BIKE[1:], []),  # a word no note holds
+        ("Dentist bike", BIKE, []),  # a word of another title: not that note's title
+        (
+            "Bike tyres",  # over the chain and the brakes: the tyres are another note's
+            BIKE[1:],
+            ["the title is the title of note #4, which it does not merge"],
+        ),
         ("...", BIKE, ["the title has no words ('...')"]),
         ("TODO", BIKE, ["the title is a placeholder ('TODO')"]),
         ("a\nb", BIKE, ["the title must be one line"]),
@@ -309,7 +318,8 @@ def test_deeply_nested_json_is_a_defect_not_a_crash(text: str) -> None:
 def test_a_title_must_name_what_all_its_notes_share(
     title: str, members: list[Note], problems: list[str]
 ) -> None:
-    assert title_problems(title, members) == problems
+    others = [n for n in ISSUE_STORE if n not in members]
+    assert title_problems(title, members, others) == problems
 
 
 def test_the_shared_title_is_what_all_titles_share_as_the_first_spells_it() -> None:

@@ -10,7 +10,7 @@ The model chooses among groups and names them; it writes nothing else that
 is kept (docs/memory.md, "What a plan must be"). Each request is about one
 group of notes whose titles share a word (``related_groups``) and carries
 ``response_format`` with a JSON schema (``plan_schema``) that llama.cpp
-turns into a grammar: the group or a part of it, by note id, or no umbrella;
+turns into a grammar: the group, by note id, or no umbrella;
 a short title; a summary only when one was asked for. The umbrella's body
 is its notes' own text (``umbrella_body``). What a grammar cannot say,
 ``validate_plan`` refuses with the reason: a title that repeats a word, is
@@ -39,7 +39,6 @@ from wirecut.memory._related import (
     UMBRELLA_MAX_NOTES,
     related_groups,
     shared_title_words,
-    sub_groups,
     subject_words,
 )
 from wirecut.memory._umbrella_text import (
@@ -126,8 +125,8 @@ class PlanRequest:
     """What the model is asked about one group: its notes, listed, and the answer's schema.
 
     ``listing`` are the notes in id order; ``groups`` are the groups of note
-    ids the schema offers (the whole group first, then its parts: see
-    ``sub_groups``), ``prompt`` the user message.
+    ids the schema offers (the whole group, or none), ``prompt`` the user
+    message.
     """
 
     listing: tuple[Note, ...]
@@ -140,19 +139,19 @@ def plan_request(notes: Sequence[Note], *, summarize: bool = False) -> PlanReque
     """The request for an umbrella over ``notes``, one group (pure; call from anywhere).
 
     The notes are listed by id (``#7 Lyon trip``), the ids the plan names
-    them by and the confirmation shows. The schema offers ``notes`` whole
-    and every part of it whose titles still share a word, larger ones first;
-    with ``summarize`` it asks for a summary too. Empty ``groups``: the
-    titles share no word, and there is nothing to ask. At most
-    ``UMBRELLA_MAX_NOTES`` notes (``related_groups`` makes groups that size).
+    them by and the confirmation shows. The schema offers ``notes`` whole,
+    or no umbrella: offered the group's parts as well, SmolLM2 answered
+    with a part, leaving a note out, for about half of the groups
+    (docs/memory.md). With ``summarize`` it asks for a summary too. Empty
+    ``groups``: the titles share no word, and there is nothing to ask. At
+    most ``UMBRELLA_MAX_NOTES`` notes (``related_groups`` makes groups that
+    size).
     """
     if len(notes) > UMBRELLA_MAX_NOTES:
         raise ValueError(f"a request is about at most {UMBRELLA_MAX_NOTES} notes, not {len(notes)}")
     listing = tuple(sorted(notes, key=lambda note: note.id))
-    by_id = {note.id: note for note in listing}
-    groups = tuple(
-        group for group in sub_groups(list(by_id)) if shared_title_words([by_id[i] for i in group])
-    )
+    whole = tuple(note.id for note in listing)
+    groups = (whole,) if len(whole) >= 2 and shared_title_words(listing) else ()
     return PlanRequest(
         listing=listing,
         groups=groups,
@@ -226,8 +225,8 @@ def make_plan(
     conversation: the best group of notes whose titles share a word among
     those no umbrella took yet (``related_groups``: the largest first),
     listed alone (``plan_request``). The model answers with one umbrella
-    over the group or a part of it, titled, or with none: then no group that
-    holds two notes of it is offered again. Asked about the whole list,
+    over the whole group, titled, or with none: then no group that holds two
+    notes of it is offered again. Asked about the whole list,
     SmolLM2 picked the first group but titled it after some other note
     (docs/memory.md, "The model and the numbers"). Each umbrella's body is
     its notes' own text (``umbrella_body``), after a summary when
@@ -313,7 +312,8 @@ def _retitled(umbrella: Umbrella, notes: Sequence[Note]) -> tuple[Umbrella, str 
     if not all(note_id in by_id for note_id in umbrella.note_ids):
         return umbrella, None  # validate_plan says which note is missing
     members = [by_id[note_id] for note_id in umbrella.note_ids]
-    problems = title_problems(umbrella.title, members)
+    others = [note for note in notes if note.id not in umbrella.note_ids]
+    problems = title_problems(umbrella.title, members, others)
     title = shared_title(members) if problems else None
     if title is None:
         return umbrella, None  # fit, or nothing better: validate_plan judges it
@@ -328,9 +328,9 @@ def _retitled(umbrella: Umbrella, notes: Sequence[Note]) -> tuple[Umbrella, str 
 def _next_group(free: Sequence[Note], declined: Sequence[frozenset[int]]) -> frozenset[int] | None:
     """The best group of ``free`` notes that holds no two notes of a group the model declined.
 
-    A declined group was offered with every part of it: the model found no
-    two of its notes belong together, so no larger group may bring two of
-    them back.
+    The model found that a declined group's notes are not about one thing:
+    neither that group nor another that would bring two of its notes
+    together again (a larger group, or one that swaps a note) is offered.
     """
     for group in related_groups(free):
         if not any(len(no & set(group)) >= 2 for no in declined):
@@ -549,7 +549,8 @@ def validate_plan(plan: Plan, notes: Sequence[Note]) -> list[str]:
       ``MERGE_ALL_MIN_NOTES`` or more;
     - is about one thing: its notes share a content word, and one is in all
       their titles (else it joins two topics);
-    - has a fit title (``title_problems``) that no other umbrella has;
+    - has a fit title (``title_problems``, the other notes as ``others``)
+      that no other umbrella has;
     - has for body its notes' own text (``umbrella_body``), after its
       summary if it has one, and that summary is fit (``summary_problems``:
       it ends a sentence and says no number or name its notes do not).
@@ -568,7 +569,8 @@ def validate_plan(plan: Plan, notes: Sequence[Note]) -> list[str]:
         ids = set(umbrella.note_ids)
         members = [by_id[n] for n in umbrella.note_ids if n in by_id]
         whole = len(members) == len(umbrella.note_ids)
-        fit = title_problems(umbrella.title, members if whole else [])
+        others = [note for note in notes if note.id not in ids]
+        fit = title_problems(umbrella.title, members if whole else [], others if whole else [])
         problems += [f"umbrella {i}: {why}" for why in fit]
         # A small model copies its first umbrella's title onto the next one.
         first = titles.setdefault(normal(umbrella.title), i)

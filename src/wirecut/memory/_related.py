@@ -23,7 +23,6 @@ notes that the rule keeps apart. Pure functions; call from anywhere.
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Sequence
 
@@ -34,7 +33,6 @@ __all__ = [
     "content_words",
     "related_groups",
     "shared_title_words",
-    "sub_groups",
     "subject_words",
     "title_words",
 ]
@@ -122,14 +120,3 @@ def related_groups(
         return -len(group), -leads[group], -len(shared), group
 
     return sorted(leads, key=rank)
-
-
-def sub_groups(group: Sequence[int]) -> list[tuple[int, ...]]:
-    """``group`` (sorted) and each smaller part of it of two notes or more: larger ones first.
-
-    What a request about ``group`` lets the model answer: the whole group,
-    first (a small model takes the first it is offered), or a part of it
-    without the notes it finds do not belong.
-    """
-    ids = sorted(group)
-    return [combo for size in range(len(ids), 1, -1) for combo in itertools.combinations(ids, size)]

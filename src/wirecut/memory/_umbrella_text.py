@@ -107,15 +107,17 @@ def _unfit(what: str, text: str) -> str | None:
     return None
 
 
-def title_problems(title: str, members: Sequence[Note]) -> list[str]:
+def title_problems(title: str, members: Sequence[Note], others: Sequence[Note] = ()) -> list[str]:
     """Why ``title`` does not fit an umbrella over ``members``; empty if it does.
 
     A title must be a fit one-line title with words, not a placeholder; must
     not repeat a content word; must not be the title of one member when that
     title names more than all the members' titles share ("Bike tyres" over
     the bike's tyres, chain and brakes; "Lyon" over "Lyon" and "Lyon hotel"
-    is fine); and must hold a content word that every member holds (in its
-    title or body).
+    is fine); must hold a content word that every member holds (in its
+    title or body); and must not be the title of one of ``others``, the
+    notes it does not merge ("Bike tyres" over the chain and the brakes,
+    the tyres left out).
     """
     try:
         check_title(title)
@@ -141,6 +143,9 @@ def title_problems(title: str, members: Sequence[Note]) -> list[str]:
     shared = frozenset.intersection(*(subject_words(n) for n in members)) if members else None
     if shared and not set(words) & shared:  # notes that share nothing are refused as such
         problems.append("the title names no word that all its notes hold")
+    named = next((note for note in others if _title_key(title) == _title_key(note.title)), None)
+    if named is not None:
+        problems.append(f"the title is the title of note #{named.id}, which it does not merge")
     return problems
 
 
