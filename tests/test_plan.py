@@ -116,6 +116,13 @@ def test_a_loner_that_shares_a_title_word_with_one_note_of_a_larger_group_is_lef
     assert groups == [(4, 5, 6), (5, 9)]  # the bike first: the chain note goes with it
 
 
+def test_a_topic_is_offered_whole_before_a_smaller_group_that_takes_one_of_its_notes() -> None:
+    # "Sourdough" starts both titles of its pair, "starter" one of the three:
+    # the larger group still goes first, or a starter note would be left out.
+    bakery = note(9, "Sourdough bakery", "Open from 8 on Saturdays.")
+    assert related_groups([*SOURDOUGH, bakery]) == [(1, 2, 3), (1, 9)]
+
+
 def test_among_groups_of_one_size_the_word_that_starts_more_titles_goes_first() -> None:
     # "Tax receipts" could go with "Tax return" or with "Receipt printer":
     # "tax" starts both of its group's titles, "receipt" one of its group's.
