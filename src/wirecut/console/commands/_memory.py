@@ -28,6 +28,7 @@ from wirecut.memory import (
     curate,
     format_note,
     format_notes,
+    plan_table,
 )
 
 __all__ = [
@@ -50,7 +51,8 @@ MIN_DAYS = 1 / 86_400
 #: Note ids are SQLite's positive 64-bit integers: at most 19 digits.
 MAX_ID_DIGITS = 19
 RUN_USAGE = (
-    "curator run [--consolidate] [--dry-run] [--yes] [--stale-days DAYS] [--archive-days DAYS]"
+    "curator run [--consolidate] [--dry-run] [--yes] [--summarize] [--stale-days DAYS]"
+    " [--archive-days DAYS]"
 )
 
 
@@ -157,16 +159,17 @@ def curator_run(ctx: CommandContext, args: list[str]) -> None:
 
     With ``--consolidate`` the model plans umbrella notes (its reply streams
     as ``token`` output with whitespace runs collapsed, its usage is
-    counted); an invalid plan fails the command with the reasons, said once
-    (in the error), and nothing is written. The confirmation shows the plan
-    as a table (``describe_run``). ``--dry-run`` prints what would change and
-    writes nothing.
+    counted); each holds its notes' own text, and with ``--summarize`` a
+    checked summary above it. An invalid plan fails the command with the
+    reasons, said once (in the error), and nothing is written. The
+    confirmation shows the plan as a table (``describe_run``). ``--dry-run``
+    prints what would change, the same table, and writes nothing.
 
     Cancellation: a cancel while the model works cuts its request; during
     the confirmation it ends the wait; before the commit it rolls the write
     back. The store is left as it was in each case.
     """
-    consolidate = dry_run = yes = False
+    consolidate = dry_run = yes = summarize = False
     stale_after, archive_after = STALE_AFTER, ARCHIVE_AFTER
     words = iter(args)
     for word in words:
@@ -176,6 +179,8 @@ def curator_run(ctx: CommandContext, args: list[str]) -> None:
             dry_run = True
         elif word == "--yes":
             yes = True
+        elif word == "--summarize":
+            summarize = True
         elif word in ("--stale-days", "--archive-days"):
             days = _days(word, next(words, None))
             if word == "--stale-days":
@@ -184,6 +189,8 @@ def curator_run(ctx: CommandContext, args: list[str]) -> None:
                 archive_after = days
         else:
             raise _usage(f"unknown option {word!r}", RUN_USAGE)
+    if summarize and not consolidate:
+        raise _usage("--summarize needs --consolidate", RUN_USAGE)
 
     # A small model's JSON may come with screens of blank lines: the user
     # sees it with every whitespace run collapsed to one space.
@@ -206,6 +213,7 @@ def curator_run(ctx: CommandContext, args: list[str]) -> None:
                 client=ctx.services.chat_client() if consolidate else None,
                 consolidate=consolidate,
                 dry_run=dry_run,
+                summarize=summarize,
                 confirm=None if yes else ctx.confirm,
                 stale_after=stale_after,
                 archive_after=archive_after,
@@ -233,8 +241,7 @@ def curator_run(ctx: CommandContext, args: list[str]) -> None:
     elif run.outcome is CuratorOutcome.DRY_RUN:
         lines += ["dry run, nothing was changed; a run would:", *changes]
         if run.plan is not None:
-            for i, umbrella in enumerate(run.plan.umbrellas, start=1):
-                lines.append(f"  umbrella {i} {umbrella.title!r}: {umbrella.body}")
+            lines += [f"    {line}" for line in plan_table(run.notes, run.plan)]
     elif run.outcome is CuratorOutcome.DECLINED:
         lines.append("not confirmed; nothing was changed")
     else:
