@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 import json
 import re
 import signal
@@ -243,6 +244,29 @@ def test_a_thread_that_ignores_the_cut_is_reported_at_the_bound_not_abandoned_si
     assert unwind.cancel_to_exit_ms is None
     assert unwind.open["threads"] == 1
     assert unwind.scope.wait_quiescent(BOUND)  # It returns once released.
+
+
+def test_work_that_raises_on_the_cut_leaves_no_unretrieved_exception_behind() -> None:
+    # A tool that leaves with Interrupted: the loop must not log the thread's
+    # exception as "never retrieved" once the wait's future is collected.
+    entered = threading.Event()
+    reported: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: reported.append(ctx))
+        task = asyncio.create_task(run_sync(lambda: (entered.set(), ws.sleep(BOUND))))
+        await asyncio.to_thread(entered.wait, BOUND)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError) as caught:
+            await task
+        unwind = unwind_of(caught.value)
+        assert unwind is not None
+        assert unwind.worker_exited
+        assert isinstance(unwind.future.exception(), Interrupted)
+
+    asyncio.run(main())
+    gc.collect()  # The task and the frames of its wait are gone with the loop's run.
+    assert [ctx["message"] for ctx in reported] == []
 
 
 def test_a_second_cancel_does_not_cut_the_wait_for_the_thread_short() -> None:

@@ -223,8 +223,11 @@ async def _unwind(
                 await asyncio.wait({done}, timeout=remaining)
             except asyncio.CancelledError:
                 continue  # Cancelled again: the bound, not the second cancel, ends the wait.
-        if not done.done():
-            # Keep the wrapper from logging "exception was never retrieved".
+        # Keep the wrapper from logging "exception was never retrieved" when
+        # it is collected: fn's outcome is read from `future` (Unwind.future).
+        if done.done():
+            _consume(done)
+        else:
             done.add_done_callback(_consume)
     # Read after the wait: a thread that had not reached fn when the scope
     # was cancelled leaves at once with Interrupted, without starting it.
