@@ -267,6 +267,11 @@ class McpClient:
         return self._scope
 
     @property
+    def server_pid(self) -> int | None:
+        """The process id of a stdio server once started (None over HTTP)."""
+        return None if self._breach is None else self._breach.pid
+
+    @property
     def stderr_tail(self) -> list[str]:
         """The last lines a stdio server wrote to its stderr."""
         return [] if self._breach is None else list(self._breach.stderr)
@@ -369,7 +374,7 @@ class McpClient:
         Cancellation: a cancel of the bound scope cancels the request and
         raises ``Interrupted``.
         """
-        return self._request(self._list_tools(), "tools/list")
+        return self._request(self._list_tools, "tools/list")
 
     def call_tool(
         self,
@@ -413,13 +418,13 @@ class McpClient:
         assert outcome.result is not None
         return outcome.result
 
-    def _request(self, coro: Coroutine[Any, Any, T], method: str) -> T:
+    def _request(self, make: Callable[[], Coroutine[Any, Any, T]], method: str) -> T:
         loop = self._open_loop()
         box: list[concurrent.futures.Future[T]] = []
 
         def submit() -> concurrent.futures.Future[T]:
             box.append(
-                asyncio.run_coroutine_threadsafe(self._bounded(coro, method), loop),
+                asyncio.run_coroutine_threadsafe(self._bounded(make(), method), loop),
             )
             return box[0]
 

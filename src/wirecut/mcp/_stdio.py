@@ -53,6 +53,8 @@ class Breach:
 
     #: What was wrong, one line; None while nothing was.
     problem: str | None = None
+    #: The server's process id, once it started.
+    pid: int | None = None
     #: The server's exit code once it exited.
     exit_code: int | None = None
     #: The last lines the server wrote to stderr.
@@ -96,6 +98,7 @@ async def scoped_stdio(
         env={**get_default_environment(), **(env or {})},
         cwd=cwd,
     )
+    breach.pid = popen.pid
     assert popen.stdin is not None
     assert popen.stdout is not None
     assert popen.stderr is not None
