@@ -131,10 +131,18 @@ class StopFacts:
         steps = ", ".join(f"{event} {ms:.1f}" for event, ms in self.timeline)
         verdict = "stopped" if self.stopped else "NOT stopped"
         return (
-            f"tool {self.tool!r}{request} {verdict} on {self.reason.value}: {how}; "
+            f"tool {self.tool!r}{request} {verdict} on {_CAUSES[self.reason]}: {how}; "
             f"open requests {self.open_requests}, processes {self.open_processes}; "
             f"timeline (ms) {steps or '-'}"
         )
+
+
+_CAUSES = {
+    StopReason.CANCELLED: "the client's cancel",
+    StopReason.DISCONNECT: "a disconnect",
+    StopReason.SHUTDOWN: "shutdown",
+    StopReason.TIMEOUT: "timeout",
+}
 
 
 def _round(ms: float | None) -> float | None:
