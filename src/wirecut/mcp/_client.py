@@ -353,7 +353,7 @@ class McpClient:
     def _close_on_loop(self) -> None:
         if self._closing is not None:
             self._closing.set()
-        if self._main_scope is not None and self._state is not ClientState.OPEN:
+        if self._main_scope is not None and self._client is None:
             self._main_scope.cancel()  # Still in the handshake: it is abandoned.
 
     def _post(self, callback: Callable[[], None]) -> None:
