@@ -310,7 +310,7 @@ def test_plain_sdk_leaves_the_thread_in_the_tool_after_a_disconnect() -> None:
 
         async def main() -> None:
             async with Client(url) as client:
-                await _call_then_cancel(client, "wait", {"seconds": 1.0}, _in_wait)
+                await _call_then_cancel(client, "wait", {"seconds": 2.0}, _in_wait)
                 # The server answers again (the cancel was seen), the tool still sleeps.
                 await client.call_tool("wait", {"seconds": 0})
                 assert threads_in(example.wait)

@@ -121,7 +121,7 @@ def test_a_cut_over_http_is_confirmed_on_the_calls_own_stream() -> None:
 def test_a_plain_sdk_server_leaves_the_stop_unknown() -> None:
     with serve_http(example.build(plain=True)) as url:
         with McpClient(url, name="plain", confirm_timeout=0.3) as client:
-            scope, future = _in_a_worker(client, "wait", {"seconds": 1.0})
+            scope, future = _in_a_worker(client, "wait", {"seconds": 3.0})
             until(lambda: bool(threads_in(example.wait)))
             error = _cut(scope, future)
             assert isinstance(error, McpCallInterrupted)
@@ -134,9 +134,8 @@ def test_a_plain_sdk_server_leaves_the_stop_unknown() -> None:
 def test_a_server_that_answers_a_cancelled_call_anyway_is_recorded_as_not_stopped() -> None:
     with _fake("answers-anyway") as client:
         scope, future = _in_a_worker(client, "echo", {})
-        # The fake holds every call until its cancel comes; give the call
-        # time to be on the wire by listing the tools first (same pipe, in order).
-        client.list_tools()
+        # The fake holds every call until its cancel comes, and says so on stderr.
+        until(lambda: any(line.startswith("holding call") for line in client.stderr_tail))
         error = _cut(scope, future)
         assert isinstance(error, McpCallInterrupted)
         assert error.record.stopped is False
