@@ -18,6 +18,7 @@ PACKAGES = [
     "wirecut.console.terminal",
     "wirecut.http",
     "wirecut.local",
+    "wirecut.mcp",
     "wirecut.memory",
     "wirecut.proof",
     "wirecut.provider",
