@@ -22,6 +22,7 @@ PACKAGES = [
     "wirecut.proof",
     "wirecut.provider",
     "wirecut.proxy",
+    "wirecut.record",
     "wirecut.scope",
     "wirecut.simulator",
 ]

@@ -1,7 +1,7 @@
 """``ProxyRecord``: what the proxy writes, one JSON line per finished request.
 
 The shape is fixed by docs/protocol.md ("The proxy"): the same facts as the
-console's ``complete``, made of the same parts (``wirecut._record``: the
+console's ``complete``, made of the same parts (``wirecut.record``: the
 status, the usage, the unwind timeline), for one proxied request; only the
 reasons are the proxy's own. Built once per request, on the event loop, by
 ``ProxyRecord.build``; ``RecordLog`` appends it to ``DATA_DIR/proxy.jsonl``.
@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wirecut._record import (
+from wirecut.provider import Usage
+from wirecut.record import (
     WORKER_EXITED,
     Status,
     TimelineStep,
@@ -25,7 +26,6 @@ from wirecut._record import (
     unwind_timeline,
     usage_facts,
 )
-from wirecut.provider import Usage
 from wirecut.scope import InterruptScope, TimelineEvent
 
 __all__ = [

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from wirecut._record import NO_USAGE, Status, TimelineStep, UsageFacts, make_timeline
+from wirecut.record import NO_USAGE, Status, TimelineStep, UsageFacts, make_timeline
 
 __all__ = [
     "COMMIT_OPEN_ERROR",

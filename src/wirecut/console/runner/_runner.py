@@ -30,7 +30,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from wirecut._record import unwind_timeline, usage_facts
 from wirecut.console.commands import (
     CommandContext,
     CommandError,
@@ -58,6 +57,7 @@ from wirecut.console.runner._record import (
     Reason,
 )
 from wirecut.provider import ProviderError, Usage
+from wirecut.record import unwind_timeline, usage_facts
 from wirecut.scope import Interrupted, InterruptScope
 
 __all__ = ["CommandRunner", "LocalCommand", "RunningCommand", "ThreadPlacement"]
