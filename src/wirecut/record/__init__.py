@@ -8,6 +8,14 @@ made of these parts. This package imports no app: the console, the proxy and
 any host build their records here.
 """
 
+from wirecut.record._complete import (
+    COMMIT_OPEN_ERROR,
+    CompleteFacts,
+    Ending,
+    Lifecycle,
+    Reason,
+    decide,
+)
 from wirecut.record._parts import (
     NO_USAGE,
     WORKER_EXITED,
@@ -20,11 +28,17 @@ from wirecut.record._parts import (
 )
 
 __all__ = [
+    "COMMIT_OPEN_ERROR",
     "NO_USAGE",
     "WORKER_EXITED",
+    "CompleteFacts",
+    "Ending",
+    "Lifecycle",
+    "Reason",
     "Status",
     "TimelineStep",
     "UsageFacts",
+    "decide",
     "make_timeline",
     "unwind_timeline",
     "usage_facts",

@@ -22,7 +22,13 @@ from wirecut.console.runner._lifecycle import (
 )
 from wirecut.console.runner._output import OutputBuffer, OutputFlusher, bind_output, route_stdio
 from wirecut.console.runner._pool import WorkerPool
-from wirecut.console.runner._record import (
+from wirecut.console.runner._runner import (
+    CommandRunner,
+    LocalCommand,
+    RunningCommand,
+    ThreadPlacement,
+)
+from wirecut.record import (
     COMMIT_OPEN_ERROR,
     CompleteFacts,
     Ending,
@@ -33,12 +39,6 @@ from wirecut.console.runner._record import (
     UsageFacts,
     decide,
     make_timeline,
-)
-from wirecut.console.runner._runner import (
-    CommandRunner,
-    LocalCommand,
-    RunningCommand,
-    ThreadPlacement,
 )
 
 #: The record a server reads (the core's ``Command``).

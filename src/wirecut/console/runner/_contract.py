@@ -15,7 +15,7 @@ from wirecut.console.commands import CommandSet, Session, Stream
 
 if TYPE_CHECKING:
     from wirecut.console.runner._core import Command
-    from wirecut.console.runner._record import CompleteFacts
+    from wirecut.record import CompleteFacts
 
 __all__ = ["CommandSink", "Runner", "RunnerObserver"]
 

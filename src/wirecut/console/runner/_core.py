@@ -43,7 +43,7 @@ from wirecut.console.commands import (
 from wirecut.console.runner._contract import CommandSink, RunnerObserver
 from wirecut.console.runner._lifecycle import CommandEvent, CommandLifecycle, CommandState
 from wirecut.console.runner._output import OutputBuffer, OutputFlusher, call_soon
-from wirecut.console.runner._record import CompleteFacts, Lifecycle, Reason
+from wirecut.record import CompleteFacts, Lifecycle, Reason
 
 __all__ = [
     "Accepted",

@@ -14,7 +14,7 @@ otherwise the runner waits for the worker for at most ``unwind_timeout`` and
 only then decides the ``complete``, with the facts read from the scope's
 ledger at that moment. A worker still running then is reported
 ``worker_exited: false``, counted as leaked, and its thread is replaced in the
-pool. The status follows how the worker ended (``_record.decide``): a command
+pool. The status follows how the worker ended (``wirecut.record.decide``): a command
 that returned, or whose commit section passed, completes ``ok`` with the
 cancel as ``late_cancel``.
 """
@@ -50,14 +50,15 @@ from wirecut.console.runner._core import (
 from wirecut.console.runner._lifecycle import CommandEvent, CommandState
 from wirecut.console.runner._output import LoopInbox, bind_output
 from wirecut.console.runner._pool import WorkerPool
-from wirecut.console.runner._record import (
+from wirecut.provider import ProviderError, Usage
+from wirecut.record import (
     CompleteFacts,
     Ending,
     Lifecycle,
     Reason,
+    unwind_timeline,
+    usage_facts,
 )
-from wirecut.provider import ProviderError, Usage
-from wirecut.record import unwind_timeline, usage_facts
 from wirecut.scope import Interrupted, InterruptScope
 
 __all__ = ["CommandRunner", "LocalCommand", "RunningCommand", "ThreadPlacement"]

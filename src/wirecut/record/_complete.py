@@ -28,20 +28,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from wirecut.record import NO_USAGE, Status, TimelineStep, UsageFacts, make_timeline
+from wirecut.record._parts import NO_USAGE, Status, TimelineStep, UsageFacts, make_timeline
 
-__all__ = [
-    "COMMIT_OPEN_ERROR",
-    "CompleteFacts",
-    "Ending",
-    "Lifecycle",
-    "Reason",
-    "Status",
-    "TimelineStep",
-    "UsageFacts",
-    "decide",
-    "make_timeline",
-]
+__all__ = ["COMMIT_OPEN_ERROR", "CompleteFacts", "Ending", "Lifecycle", "Reason", "decide"]
 
 
 #: The ``error`` of a command reported while its commit section still ran.
