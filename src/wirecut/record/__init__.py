@@ -12,7 +12,7 @@ from wirecut.record._complete import (
     COMMIT_OPEN_ERROR,
     CompleteFacts,
     Ending,
-    Lifecycle,
+    LifecycleFacts,
     Reason,
     decide,
 )
@@ -33,7 +33,7 @@ __all__ = [
     "WORKER_EXITED",
     "CompleteFacts",
     "Ending",
-    "Lifecycle",
+    "LifecycleFacts",
     "Reason",
     "Status",
     "TimelineStep",

@@ -30,7 +30,7 @@ from typing import Any
 
 from wirecut.record._parts import NO_USAGE, Status, TimelineStep, UsageFacts, make_timeline
 
-__all__ = ["COMMIT_OPEN_ERROR", "CompleteFacts", "Ending", "Lifecycle", "Reason", "decide"]
+__all__ = ["COMMIT_OPEN_ERROR", "CompleteFacts", "Ending", "LifecycleFacts", "Reason", "decide"]
 
 
 #: The ``error`` of a command reported while its commit section still ran.
@@ -99,9 +99,11 @@ def decide(
 
 
 @dataclass(frozen=True, slots=True)
-class Lifecycle:
+class LifecycleFacts:
     """What was true of a command's worker and resources when its ``complete`` was decided.
 
+    The ``lifecycle`` field of the frame; not to be confused with the
+    console runner's ``CommandLifecycle``, the state machine of a command.
     ``None`` is "could not be confirmed either way" (a remote worker whose
     node was lost), never a guess. ``timeline`` is None for a command that
     ended by itself (no cancel came); the others are None where they do not
@@ -124,13 +126,13 @@ class Lifecycle:
     commit_open: bool = False
 
     @classmethod
-    def unstarted(cls, *, cancelled: bool) -> Lifecycle:
+    def unstarted(cls, *, cancelled: bool) -> LifecycleFacts:
         """No worker ever ran it, nothing was opened (``cancelled``: its cancel is the step)."""
         steps = (TimelineStep("cancel_requested", 0.0),) if cancelled else None
         return cls(True, 0, 0, False, timeline=steps)
 
     @classmethod
-    def unknown(cls) -> Lifecycle:
+    def unknown(cls) -> LifecycleFacts:
         """Nothing could be confirmed (its host is gone, or it was never heard of)."""
         return cls(None, None, None, None)
 
@@ -177,7 +179,7 @@ class CompleteFacts:
     elapsed_ms: float
     reason: Reason | None
     usage: UsageFacts
-    lifecycle: Lifecycle
+    lifecycle: LifecycleFacts
     late_cancel: Reason | None = None
     #: Extra fields a runner adds to the wire form (a cluster host's receipt: ``host``).
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -191,7 +193,7 @@ class CompleteFacts:
         error: str | None,
         elapsed_ms: float,
         usage: UsageFacts,
-        lifecycle: Lifecycle,
+        lifecycle: LifecycleFacts,
     ) -> CompleteFacts:
         """A command whose work ended as ``ending``; ``cancel`` is the runner's reason, if any.
 
@@ -226,7 +228,7 @@ class CompleteFacts:
             elapsed_ms,
             reason,
             NO_USAGE,
-            Lifecycle.unstarted(cancelled=True),
+            LifecycleFacts.unstarted(cancelled=True),
         )
 
     @classmethod
@@ -236,7 +238,7 @@ class CompleteFacts:
         *,
         elapsed_ms: float,
         reason: Reason | None = None,
-        lifecycle: Lifecycle | None = None,
+        lifecycle: LifecycleFacts | None = None,
         usage: UsageFacts = NO_USAGE,
     ) -> CompleteFacts:
         """It failed before (or without) running: a usage error, no host, a bug of the runner's."""
@@ -246,7 +248,7 @@ class CompleteFacts:
             elapsed_ms,
             reason,
             usage,
-            lifecycle or Lifecycle(True, 0, 0, False),
+            lifecycle or LifecycleFacts(True, 0, 0, False),
         )
 
     @classmethod
@@ -267,7 +269,7 @@ class CompleteFacts:
             UsageFacts(
                 usage.get("prompt_tokens"), usage.get("completion_tokens"), usage.get("requests")
             ),
-            Lifecycle(
+            LifecycleFacts(
                 life["worker_exited"],
                 life["open_requests"],
                 life["open_processes"],

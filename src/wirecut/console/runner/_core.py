@@ -43,7 +43,7 @@ from wirecut.console.commands import (
 from wirecut.console.runner._contract import CommandSink, RunnerObserver
 from wirecut.console.runner._lifecycle import CommandEvent, CommandLifecycle, CommandState
 from wirecut.console.runner._output import OutputBuffer, OutputFlusher, call_soon
-from wirecut.record import CompleteFacts, Lifecycle, Reason
+from wirecut.record import CompleteFacts, LifecycleFacts, Reason
 
 __all__ = [
     "Accepted",
@@ -432,7 +432,7 @@ class RunnerCore:
                 f"{type(exc).__name__}: {exc}",
                 elapsed_ms=_ms(command),
                 reason=command.reason,
-                lifecycle=Lifecycle.unknown(),
+                lifecycle=LifecycleFacts.unknown(),
             )
         self._complete(command, facts)
 

@@ -54,7 +54,7 @@ from wirecut.provider import ProviderError, Usage
 from wirecut.record import (
     CompleteFacts,
     Ending,
-    Lifecycle,
+    LifecycleFacts,
     Reason,
     unwind_timeline,
     usage_facts,
@@ -220,7 +220,7 @@ class ThreadPlacement:
             self._live.discard(command)
         ran_and_exited = command.worker_exited_at if command.ran else None
         steps = unwind_timeline(scope, ran_and_exited)
-        lifecycle = Lifecycle(
+        lifecycle = LifecycleFacts(
             worker_exited=exited,
             open_requests=counts["sockets"],
             open_processes=counts["processes"],
