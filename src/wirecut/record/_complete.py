@@ -26,11 +26,19 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from wirecut.record._parts import NO_USAGE, Status, TimelineStep, UsageFacts, make_timeline
 
-__all__ = ["COMMIT_OPEN_ERROR", "CompleteFacts", "Ending", "LifecycleFacts", "Reason", "decide"]
+__all__ = [
+    "COMMIT_OPEN_ERROR",
+    "CompleteFacts",
+    "EndReason",
+    "Ending",
+    "LifecycleFacts",
+    "Reason",
+    "decide",
+]
 
 
 #: The ``error`` of a command reported while its commit section still ran.
@@ -72,18 +80,33 @@ class Ending(enum.Enum):
     CUT = "cut"  # Interrupted ended it, it never ran, or it had not ended by the unwind bound
 
 
+class EndReason(Protocol):
+    """Who ended a piece of work before its effect happened, and what status that gives.
+
+    The console's ``Reason`` and the proxy's ``RecordReason`` are two sets of
+    reasons under the one rule of ``decide``.
+    """
+
+    @property
+    def status(self) -> Status: ...
+
+
+R = TypeVar("R", bound=EndReason)
+
+
 def decide(
-    ending: Ending, reason: Reason | None, *, committed: bool = False, commit_open: bool = False
-) -> tuple[Status, Reason | None, Reason | None]:
-    """``(status, reason, late_cancel)`` of a command that ended as ``ending``.
+    ending: Ending, reason: R | None, *, committed: bool = False, commit_open: bool = False
+) -> tuple[Status, R | None, R | None]:
+    """``(status, reason, late_cancel)`` of work that ended as ``ending``.
 
     ``reason`` is the runner's cancel (None: none came); ``committed`` is
     True once a commit section of the work ended well, ``commit_open`` while
     one runs. A lost host is an error whatever the work did, since nobody
     saw it end; so is work whose commit had not ended when it was reported.
+    Work cut by a reason ends with that reason's ``status``.
     """
     if reason is Reason.LOST:
-        return Status.ERROR, Reason.LOST, None
+        return Status.ERROR, reason, None
     if reason is None:
         # Interrupted with no cancel of the runner's: a scope of the work's
         # own cut it, which is the work failing.
