@@ -31,11 +31,9 @@ from typing import Any
 
 from websockets.sync.client import ClientConnection, connect
 
-from wirecut.console.runner import CompleteFacts
+from wirecut.record import CancelFrame, CompleteFacts, Frame, RunFrame, read_frame
 
 __all__ = ["ConsoleClient", "Frame", "Received"]
-
-Frame = dict[str, Any]
 
 # How long close() waits for the reader to see the connection end.
 _READER_JOIN = 5.0
@@ -97,7 +95,9 @@ class ConsoleClient:
     def _read(self) -> None:
         try:
             for message in self.ws:
-                frame = json.loads(message)
+                frame = read_frame(message)
+                if frame is None:
+                    raise ValueError(f"not a console frame: {message!r:.80}")
                 item = Received(frame, time.monotonic())
                 with self._cond:
                     self._received.append(item)
@@ -124,15 +124,12 @@ class ConsoleClient:
     def run(self, line: str, *, id: str | None = None, timeout: float | None = None) -> str:
         """Send a ``run`` frame; return its id."""
         id = id or f"p{next(self._ids)}"
-        frame: Frame = {"type": "run", "id": id, "line": line}
-        if timeout is not None:
-            frame["timeout"] = timeout
-        self.send(frame)
+        self.send(RunFrame(id, line, timeout).to_wire())
         return id
 
     def cancel(self, id: str | None = None) -> float:
         """Cancel ``id`` (every command of this connection when None); return when it was sent."""
-        return self.send({"type": "cancel"} if id is None else {"type": "cancel", "id": id})
+        return self.send(CancelFrame(id).to_wire())
 
     def wait_for(
         self, match: Callable[[Frame], bool], timeout: float, *, id: str | None = None

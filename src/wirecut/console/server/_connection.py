@@ -30,18 +30,33 @@ from starlette.websockets import WebSocket
 from wirecut import __version__
 from wirecut.console.commands import Session, Stream
 from wirecut.console.runner import CommandRecord, CommandState, CompleteFacts, Runner
-from wirecut.console.server._frames import Cancel, Confirm, FrameError, Ping, Run, parse_frame
 from wirecut.console.server._limits import TRANSPORT_EXTENSION
+from wirecut.record import (
+    CLOSE_SLOW_READER,
+    DEFAULT_PROMPT,
+    CancelFrame,
+    ConfirmFrame,
+    FrameError,
+    PingFrame,
+    RunFrame,
+    accepted_frame,
+    complete_frame,
+    confirm_required_frame,
+    error_frame,
+    output_frame,
+    parse_frame,
+    pong_frame,
+    ready_frame,
+    started_frame,
+)
 
 __all__ = ["CLOSE_SLOW_READER", "FRAME_OVERHEAD", "MAX_LIVE_COMMANDS", "PROMPT", "Connection"]
 
 _log = logging.getLogger("wirecut.console")
 
-PROMPT = "wirecut> "
+PROMPT = DEFAULT_PROMPT
 #: Commands one connection may have accepted and not completed at once.
 MAX_LIVE_COMMANDS = 256
-#: The close code for a client whose unsent frames passed the outbox bound.
-CLOSE_SLOW_READER = 4429
 #: What a queued frame costs besides its characters (the str object, the queue slot).
 FRAME_OVERHEAD = 64
 
@@ -78,7 +93,7 @@ class Connection:
     async def serve(self) -> None:
         """Run the connection until the client leaves; then cancel what it left running."""
         self._sender = asyncio.get_running_loop().create_task(self._send_loop())
-        self.send({"type": "ready", "version": __version__, "prompt": PROMPT})
+        self.send(ready_frame(__version__, PROMPT))
         try:
             while True:
                 message = await self.websocket.receive()
@@ -128,16 +143,16 @@ class Connection:
             else:
                 self.error(str(exc), exc.id)
             return
-        if isinstance(frame, Ping):
-            self.send({"type": "pong"})
-        elif isinstance(frame, Run):
+        if isinstance(frame, PingFrame):
+            self.send(pong_frame())
+        elif isinstance(frame, RunFrame):
             self._run(frame)
-        elif isinstance(frame, Cancel):
+        elif isinstance(frame, CancelFrame):
             self._cancel(frame)
-        elif isinstance(frame, Confirm):
+        elif isinstance(frame, ConfirmFrame):
             self._confirm(frame)
 
-    def _run(self, frame: Run) -> None:
+    def _run(self, frame: RunFrame) -> None:
         if frame.id is not None:
             id = frame.id
         else:
@@ -159,9 +174,9 @@ class Connection:
             self.error(str(exc), id)
             return
         self._commands[id] = command
-        self.send({"type": "accepted", "id": id, "queued": queued})
+        self.send(accepted_frame(id, queued))
 
-    def _cancel(self, frame: Cancel) -> None:
+    def _cancel(self, frame: CancelFrame) -> None:
         if frame.id is None:
             self.runner.cancel_all(self._commands.values(), "user")
             return
@@ -171,7 +186,7 @@ class Connection:
             return
         self.runner.cancel(found, "user")
 
-    def _confirm(self, frame: Confirm) -> None:
+    def _confirm(self, frame: ConfirmFrame) -> None:
         command = self._commands.get(frame.id)
         if command is None:
             self._not_live(f"no live command with id {frame.id!r}", frame.id)
@@ -181,23 +196,23 @@ class Connection:
     # -- CommandSink (the runner's news) --------------------------------------------------
 
     def started(self, command: CommandRecord) -> None:
-        self.send({"type": "started", "id": command.id})
+        self.send(started_frame(command.id))
 
     def output(self, command: CommandRecord, stream: Stream, data: str) -> None:
-        self.send({"type": "output", "id": command.id, "stream": stream, "data": data})
+        self.send(output_frame(command.id, stream, data))
 
     def confirm_required(self, command: CommandRecord, message: str) -> None:
-        self.send({"type": "confirm_required", "id": command.id, "message": message})
+        self.send(confirm_required_frame(command.id, message))
 
     def complete(self, command: CommandRecord, facts: CompleteFacts) -> None:
         if self._commands.get(command.id) is command:
             del self._commands[command.id]
-        self.send({"type": "complete", "id": command.id, **facts.to_wire()})
+        self.send(complete_frame(command.id, facts))
 
     # -- frames out ----------------------------------------------------------------------
 
     def error(self, message: str, id: str | None = None) -> None:
-        self.send({"type": "error", "id": id, "message": message})
+        self.send(error_frame(message, id))
 
     def _not_live(self, message: str, id: str) -> None:
         # `complete` is the last frame for an id: an error about an id that
@@ -205,7 +220,7 @@ class Connection:
         # id in its message and in "ref" (docs/protocol.md).
         if repr(id) not in message:
             message = f"{message} (id {id!r} is not live)"
-        self.send({"type": "error", "id": None, "message": message, "ref": id})
+        self.send(error_frame(message, ref=id))
 
     def send(self, frame: dict[str, Any]) -> None:
         if self.closed:
