@@ -24,7 +24,8 @@ import httpx
 from websockets.sync.client import ClientConnection
 
 from wirecut.console.commands import Command, CommandContext, CommandSet, command
-from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
+from wirecut.console.server import ConsoleConfig, ConsoleServer
+from wirecut.launch import Provider
 from wirecut.proof._console_client import ConsoleClient as _Client
 from wirecut.proof._console_client import Frame, Received
 from wirecut.simulator import SimConfig, SimulatorServer

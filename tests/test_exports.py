@@ -17,6 +17,7 @@ PACKAGES = [
     "wirecut.console.server",
     "wirecut.console.terminal",
     "wirecut.http",
+    "wirecut.launch",
     "wirecut.local",
     "wirecut.memory",
     "wirecut.proof",

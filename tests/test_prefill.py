@@ -39,8 +39,9 @@ from starlette.routing import Route
 
 from _console import Console, ConsoleClient, health, running_console, wait_health
 from wirecut.console.runner import CompleteFacts, Reason
-from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
+from wirecut.console.server import ConsoleConfig, ConsoleServer
 from wirecut.console.server._slot_watch import SETTLE, SlotWatch
+from wirecut.launch import Provider
 from wirecut.record import UsageFacts
 from wirecut.simulator import EventKind, SimConfig
 
@@ -225,7 +226,8 @@ import asyncio, json, sys, tempfile, time
 from pathlib import Path
 from wirecut.record import UsageFacts
 from wirecut.console.runner import CompleteFacts, Reason
-from wirecut.console.server import ConsoleConfig, Provider
+from wirecut.console.server import ConsoleConfig
+from wirecut.launch import Provider
 from wirecut.console.server._app import create_app
 from wirecut.console.server._serve import build_state
 from wirecut.proof._sim_process import SimProcess

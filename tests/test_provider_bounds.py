@@ -27,7 +27,8 @@ from _loopback import Exchange, LoopbackServer
 from wirecut import _json
 from wirecut.agent import http_get_tool
 from wirecut.agent._builtins import MAX_FETCH_BYTES
-from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
+from wirecut.console.server import ConsoleConfig, ConsoleServer
+from wirecut.launch import Provider
 from wirecut.provider import (
     ChatClient,
     ProviderResponseError,

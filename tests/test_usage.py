@@ -23,7 +23,8 @@ import pytest
 
 from _console import ConsoleClient, running_console
 from _loopback import Exchange, LoopbackServer
-from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
+from wirecut.console.server import ConsoleConfig, ConsoleServer
+from wirecut.launch import Provider
 from wirecut.provider import ChatClient, ProviderStatusError, Usage
 from wirecut.simulator import SimConfig
 

@@ -58,12 +58,11 @@ def doctor(
     modes: tuple[str, ...],
 ) -> None:
     """Cut requests (streaming, not, queued, in their prompt); did the provider let go?"""
+    from wirecut.launch import given_provider_url
     from wirecut.proof import CheckMode, DoctorError, run_doctor, url_problem
     from wirecut.proof._doctor import RELEASE_WINDOW
 
-    url = (
-        provider_url or os.environ.get("WIRECUT_PROVIDER_URL") or os.environ.get("OPENAI_BASE_URL")
-    )
+    url, _ = given_provider_url(provider_url, "--provider-url")
     if not url:
         raise click.UsageError(
             "give the provider with --provider-url URL (or set WIRECUT_PROVIDER_URL)"

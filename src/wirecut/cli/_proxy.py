@@ -8,7 +8,6 @@ it started, and exits 0.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -105,11 +104,11 @@ def proxy(
         )
     check_port("proxy", host, port)
 
-    from wirecut.console.server import ProviderUnavailable, resolve_provider
+    from wirecut.launch import ProviderUnavailable, given_provider_url, resolve_provider
     from wirecut.proxy import AUTO, Proxy, ProxyConfig
     from wirecut.proxy import serve_forever as serve_proxy
 
-    url = upstream or os.environ.get("WIRECUT_PROVIDER_URL") or os.environ.get("OPENAI_BASE_URL")
+    url, _ = given_provider_url(upstream, "--upstream")
     try:
         provider = resolve_provider(url, model, data_dir)
     except ProviderUnavailable as exc:

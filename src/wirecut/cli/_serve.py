@@ -12,7 +12,6 @@ local user can read a command line (``/proc/PID/cmdline``). docs/security.md.
 
 from __future__ import annotations
 
-import os
 import secrets
 import sys
 from pathlib import Path
@@ -28,7 +27,8 @@ from wirecut.console._limits import RunnerLimits
 if TYPE_CHECKING:
     from wirecut.console.cluster import ClusterRunner
     from wirecut.console.commands import Services
-    from wirecut.console.server import ConsoleConfig, ConsoleMetrics, Provider
+    from wirecut.console.server import ConsoleConfig, ConsoleMetrics
+    from wirecut.launch import Provider
 
 __all__ = ["serve"]
 
@@ -191,13 +191,8 @@ def serve(
         _check_ray(ray_address)
     check_port("serve", host, port)
 
-    from wirecut.console.server import (
-        ConnectionLimits,
-        ConsoleConfig,
-        ProviderUnavailable,
-        resolve_provider,
-        serve_forever,
-    )
+    from wirecut.console.server import ConnectionLimits, ConsoleConfig, serve_forever
+    from wirecut.launch import ProviderUnavailable, resolve_provider
 
     url, source = _provider_url(provider_url)
     _check_store(data_dir)
@@ -250,25 +245,18 @@ def serve(
     sys.exit(code)
 
 
-#: Where ``--provider-url`` comes from, in the order they are looked at.
-PROVIDER_URL_ENV = ("WIRECUT_PROVIDER_URL", "OPENAI_BASE_URL")
-
-
 def _provider_url(flag: str | None) -> tuple[str | None, str | None]:
     """The provider URL and where it came from; a malformed one is a usage error (exit 2)."""
+    from wirecut.launch import given_provider_url
     from wirecut.provider import base_url_problem
 
-    given = [("--provider-url", flag), *((name, os.environ.get(name)) for name in PROVIDER_URL_ENV)]
-    for source, url in given:
-        if not url:
-            continue
-        problem = base_url_problem(url)
-        if problem is None:
-            return url, source
-        if source == "--provider-url":
-            raise click.BadParameter(problem, param_hint="--provider-url")
-        raise click.UsageError(f"${source}: {problem}")
-    return None, None
+    url, source = given_provider_url(flag, "--provider-url")
+    problem = None if url is None else base_url_problem(url)
+    if problem is None:
+        return url, source
+    if source == "--provider-url":
+        raise click.BadParameter(problem, param_hint="--provider-url")
+    raise click.UsageError(f"${source}: {problem}")
 
 
 def _check_store(data_dir: Path) -> None:

@@ -80,7 +80,8 @@ def bench_commands() -> CommandSet:
 @contextlib.contextmanager
 def serve_console(provider_url: str, data_dir: Path, workers: int) -> Iterator[str]:
     """A console server in this process over ``provider_url``; its WebSocket URL."""
-    from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
+    from wirecut.console.server import ConsoleConfig, ConsoleServer
+    from wirecut.launch import Provider
 
     config = ConsoleConfig(
         port=0, data_dir=data_dir, workers=workers, command_timeout=300, max_tokens=MAX_TOKENS

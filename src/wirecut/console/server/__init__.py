@@ -7,10 +7,7 @@ from wirecut.console.server._metrics import ConsoleMetrics
 from wirecut.console.server._serve import (
     ConsoleConfig,
     ConsoleServer,
-    Provider,
-    ProviderUnavailable,
     build_state,
-    resolve_provider,
     serve_forever,
 )
 
@@ -21,11 +18,8 @@ __all__ = [
     "ConsoleServer",
     "ConsoleState",
     "HostPolicy",
-    "Provider",
-    "ProviderUnavailable",
     "build_state",
     "create_app",
     "host_name_problem",
-    "resolve_provider",
     "serve_forever",
 ]

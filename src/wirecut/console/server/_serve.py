@@ -55,15 +55,13 @@ from wirecut.console.server._limits import (
 )
 from wirecut.console.server._metrics import ConsoleMetrics
 from wirecut.console.server._slot_watch import SlotWatch
+from wirecut.launch import Provider
 from wirecut.provider import DEFAULT_MAX_TOKENS, ProviderSpec
 
 __all__ = [
     "ConsoleConfig",
     "ConsoleServer",
-    "Provider",
-    "ProviderUnavailable",
     "RunnerFactory",
-    "resolve_provider",
     "serve_forever",
 ]
 
@@ -119,75 +117,6 @@ class ConsoleConfig:
             unwind_timeout=self.unwind_timeout,
             escalate_after=self.escalate_after,
         )
-
-
-class ProviderUnavailable(Exception):
-    """No provider could be started; the message says why, in one line."""
-
-
-@dataclass
-class Provider:
-    """The provider the console's commands talk to, and how to stop it if we started it."""
-
-    base_url: str
-    model: str | None
-    label: str
-    note: str | None = None
-    stop: Callable[[], None] = lambda: None
-
-
-def resolve_provider(
-    url: str | None,
-    model: str | None,
-    data_dir: Path,
-    *,
-    embedded: str = "auto",
-    source: str | None = None,
-    local_model: str = "smollm2",
-    local_threads: int | None = None,
-    echo: Callable[[str], None] | None = None,
-) -> Provider:
-    """The provider at ``url``; with none, the embedded llama.cpp if installed, else the simulator.
-
-    ``embedded`` is "auto", "local" or "simulator" (which one to start with no URL).
-    ``source`` says where ``url`` came from (``--provider-url``,
-    ``WIRECUT_PROVIDER_URL``, ``OPENAI_BASE_URL``) for the banner.
-    ``local_model`` is the embedded llama.cpp's model ("smollm2", "gemma" or a
-    ``.gguf`` path; docs/local-model.md), ``local_threads`` its llama.cpp
-    threads (None: ``default_threads()``); ``echo`` gets its fetch's progress
-    line and the line saying it fell back to Gemma.
-    """
-    if url:
-        base = url.rstrip("/")
-        return Provider(base, model, f"{base} (from {source or 'the caller'})")
-    from wirecut.local import LocalError, LocalServer, is_available
-
-    if embedded == "local" or (embedded == "auto" and is_available()):
-        server = LocalServer(local_model, echo=echo, threads=local_threads)
-        try:
-            server.start()
-        except LocalError as exc:
-            raise ProviderUnavailable(f"the embedded llama.cpp did not start: {exc}") from None
-        chosen = server.local_model
-        assert chosen is not None  # resolved by start()
-        return Provider(
-            server.base_url,
-            model or chosen.name,
-            f"embedded llama.cpp at {server.base_url} ({chosen.name}, {chosen.path}, "
-            f"{server.threads} thread{'s' if server.threads != 1 else ''})",
-            note=chosen.note,
-            stop=server.stop,
-        )
-    from wirecut.simulator import SimConfig, SimulatorServer
-
-    sim = SimulatorServer(SimConfig(slots=2, tokens_per_second=30, prompt_ms=200))
-    sim.start()
-    return Provider(
-        sim.base_url,
-        model,
-        f"built-in simulator at {sim.base_url} (install the extra `local` for a real model)",
-        stop=sim.stop,
-    )
 
 
 def build_state(
