@@ -25,6 +25,7 @@ PACKAGES = [
     "wirecut.proxy",
     "wirecut.record",
     "wirecut.scope",
+    "wirecut.serving",
     "wirecut.simulator",
 ]
 

@@ -17,10 +17,10 @@ from types import TracebackType
 
 import uvicorn
 
-from wirecut._uvicorn import Server, ServerThread, http_base
 from wirecut.proxy._app import create_app
 from wirecut.proxy._config import ProxyConfig
 from wirecut.proxy._proxy import Proxy
+from wirecut.serving import Server, ServerThread, http_base
 
 __all__ = ["ProxyServer", "serve_forever"]
 

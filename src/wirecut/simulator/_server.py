@@ -14,7 +14,7 @@ from types import TracebackType
 
 import uvicorn
 
-from wirecut._uvicorn import Server, ServerThread, http_base, listen
+from wirecut.serving import Server, ServerThread, http_base, listen
 from wirecut.simulator._app import Simulator
 from wirecut.simulator._config import SimConfig
 from wirecut.simulator._events import EventKind, SimEvent

@@ -15,7 +15,7 @@ its proofs to. uvicorn's log lines are passed through a filter that hides
 The stop. uvicorn's own shutdown closes every WebSocket at once (code 1012),
 which would end the commands as "disconnect" with no ``complete`` sent. So
 the server's ``before_shutdown`` (``ConsoleState.shutdown``, run by
-``wirecut._uvicorn.Server``) first cancels every command with reason
+``wirecut.serving.Server``) first cancels every command with reason
 "shutdown", waits (within the unwind bound) until each has its ``complete``,
 lets the frames go out, and only then hands over to uvicorn. The signal
 handler itself only sets a flag (uvicorn's): ``scope.cancel()`` takes a lock
@@ -40,7 +40,7 @@ from typing import Any
 
 import uvicorn
 
-from wirecut._uvicorn import Server, ServerThread, http_base
+from wirecut.serving import Server, ServerThread, http_base
 from wirecut.console.commands import CommandSet, Services
 from wirecut.console.runner import CommandRunner, Runner, RunnerLimits
 from wirecut.console.server._access import HostPolicy
