@@ -29,7 +29,7 @@ from websockets.sync.client import connect
 from _console import Console, ConsoleClient, metrics, running_console, start_serve, wait_health
 from _rawws import RawClient
 from wirecut.console.server import ConnectionLimits
-from wirecut.console.server._limits import ConnectionGuard, Dropped, GuardedConfig
+from wirecut.serving import ConnectionGuard, Dropped, GuardedConfig
 from wirecut.simulator import SimConfig, SimulatorServer
 
 PING = {"type": "ping"}

@@ -2,7 +2,6 @@
 
 from wirecut.console.server._access import HostPolicy, host_name_problem
 from wirecut.console.server._app import ConsoleState, create_app
-from wirecut.console.server._limits import ConnectionLimits
 from wirecut.console.server._metrics import ConsoleMetrics
 from wirecut.console.server._serve import (
     ConsoleConfig,
@@ -10,6 +9,7 @@ from wirecut.console.server._serve import (
     build_state,
     serve_forever,
 )
+from wirecut.serving import ConnectionLimits
 
 __all__ = [
     "ConnectionLimits",

@@ -30,7 +30,6 @@ from starlette.websockets import WebSocket
 from wirecut import __version__
 from wirecut.console.commands import Session, Stream
 from wirecut.console.runner import CommandRecord, CommandState, CompleteFacts, Runner
-from wirecut.console.server._limits import TRANSPORT_EXTENSION
 from wirecut.record import (
     CLOSE_SLOW_READER,
     DEFAULT_PROMPT,
@@ -49,6 +48,7 @@ from wirecut.record import (
     ready_frame,
     started_frame,
 )
+from wirecut.serving import TRANSPORT_EXTENSION
 
 __all__ = ["CLOSE_SLOW_READER", "FRAME_OVERHEAD", "MAX_LIVE_COMMANDS", "PROMPT", "Connection"]
 

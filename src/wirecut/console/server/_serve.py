@@ -40,23 +40,25 @@ from typing import Any
 
 import uvicorn
 
-from wirecut.serving import Server, ServerThread, http_base
 from wirecut.console.commands import CommandSet, Services
 from wirecut.console.runner import CommandRunner, Runner, RunnerLimits
 from wirecut.console.server._access import HostPolicy
 from wirecut.console.server._app import ConsoleState, create_app
-from wirecut.console.server._limits import (
-    ConnectionGuard,
-    ConnectionLimits,
-    Dropped,
-    GuardedConfig,
-    descriptor_limit,
-    raise_descriptor_limit,
-)
 from wirecut.console.server._metrics import ConsoleMetrics
 from wirecut.console.server._slot_watch import SlotWatch
 from wirecut.launch import Provider
 from wirecut.provider import DEFAULT_MAX_TOKENS, ProviderSpec
+from wirecut.serving import (
+    ConnectionGuard,
+    ConnectionLimits,
+    Dropped,
+    GuardedConfig,
+    Server,
+    ServerThread,
+    descriptor_limit,
+    http_base,
+    raise_descriptor_limit,
+)
 
 __all__ = [
     "ConsoleConfig",
