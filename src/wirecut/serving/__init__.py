@@ -3,11 +3,14 @@
 An app layer shared by the console, the proxy, the simulator, ``local`` and
 the proof tools; it imports none of them. ``Server`` is uvicorn told when it
 listens and what to end before its own shutdown, ``ServerThread`` runs it on a
-background thread. ``ConnectionLimits`` and ``GuardedConfig`` bound what
+background thread, and ``BackgroundServer`` is the one face of every app's
+server that runs beside its caller (``start``/``stop``, a context manager,
+``port``, ``url``, ``base_url``). ``ConnectionLimits`` and ``GuardedConfig`` bound what
 a TCP connection may cost a server (a request-head deadline, a connection cap
 that evicts idle connections first, bounds on sends and closes).
 """
 
+from wirecut.serving._background import BackgroundServer
 from wirecut.serving._limits import (
     TRANSPORT_EXTENSION,
     ConnectionGuard,
@@ -23,6 +26,7 @@ from wirecut.serving._uvicorn import Server, ServerThread, http_base, listen
 
 __all__ = [
     "TRANSPORT_EXTENSION",
+    "BackgroundServer",
     "ConnectionGuard",
     "ConnectionLimits",
     "Dropped",

@@ -35,8 +35,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import uvicorn
 
@@ -49,6 +48,7 @@ from wirecut.console.server._slot_watch import SlotWatch
 from wirecut.launch import Provider
 from wirecut.provider import DEFAULT_MAX_TOKENS, ProviderSpec
 from wirecut.serving import (
+    BackgroundServer,
     ConnectionGuard,
     ConnectionLimits,
     Dropped,
@@ -233,7 +233,7 @@ def _http_url(host: str, port: int) -> str:
     return http_base(host, port) + "/"
 
 
-class ConsoleServer:
+class ConsoleServer(BackgroundServer):
     """A console served by uvicorn on a background thread, for tests, ``repro`` and ``bench``.
 
     ::
@@ -263,7 +263,7 @@ class ConsoleServer:
             before_shutdown=self.state.shutdown,
         )
 
-    def start(self, timeout: float = 10.0) -> ConsoleServer:
+    def start(self, timeout: float = 10.0) -> Self:
         """Listen; RuntimeError naming the cause if it cannot (see ``ServerThread``)."""
         self._thread.start(timeout)
         return self
@@ -272,25 +272,14 @@ class ConsoleServer:
         """End every command (each gets its complete), stop uvicorn and join its thread."""
         self._thread.stop(timeout)
 
-    def __enter__(self) -> ConsoleServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     @property
-    def port(self) -> int:
-        return self._thread.address[1]
+    def address(self) -> tuple[str, int]:
+        return self._thread.address
 
     @property
     def url(self) -> str:
         """``http://HOST:PORT/``: the page."""
-        return _http_url(*self._thread.address)
+        return _http_url(*self.address)
 
     @property
     def ws_url(self) -> str:
