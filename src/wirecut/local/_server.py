@@ -47,7 +47,7 @@ from wirecut.local._model import (
     resolve_model,
 )
 from wirecut.scope import kill_process_group, unwatch_group, watch_group
-from wirecut.serving import BackgroundServer
+from wirecut.serving import BackgroundServer, http_address
 
 __all__ = ["LocalServer", "ServerState", "default_threads", "usable_cpus"]
 
@@ -243,8 +243,7 @@ class LocalServer(BackgroundServer):
             raise LocalServerError(
                 f"the local server has no address yet (state: {self._state.value})"
             )
-        host, port = self._base_url.removeprefix("http://").removesuffix("/v1").rsplit(":", 1)
-        return host.strip("[]"), int(port)
+        return http_address(self._base_url)
 
     @property
     def root_url(self) -> str:

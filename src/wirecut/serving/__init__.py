@@ -22,7 +22,7 @@ from wirecut.serving._limits import (
     descriptor_limit,
     raise_descriptor_limit,
 )
-from wirecut.serving._uvicorn import Server, ServerThread, http_base, listen
+from wirecut.serving._uvicorn import Server, ServerThread, http_address, http_base, listen
 
 __all__ = [
     "TRANSPORT_EXTENSION",
@@ -36,6 +36,7 @@ __all__ = [
     "Server",
     "ServerThread",
     "descriptor_limit",
+    "http_address",
     "http_base",
     "listen",
     "raise_descriptor_limit",
