@@ -80,7 +80,7 @@ def bench_commands() -> CommandSet:
 @contextlib.contextmanager
 def serve_console(provider_url: str, data_dir: Path, workers: int) -> Iterator[str]:
     """A console server in this process over ``provider_url``; its WebSocket URL."""
-    from wirecut.console.server import ConsoleConfig, ConsoleServer
+    from wirecut.console import ConsoleConfig, ConsoleServer
     from wirecut.launch import Provider
 
     config = ConsoleConfig(

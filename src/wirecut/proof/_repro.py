@@ -284,7 +284,7 @@ def _naive_run(
 def _console(
     base_url: str, model: str | None, api_key: str | None, data_dir: Path
 ) -> Iterator[str]:
-    from wirecut.console.server import ConsoleConfig, ConsoleServer
+    from wirecut.console import ConsoleConfig, ConsoleServer
     from wirecut.launch import Provider
 
     config = ConsoleConfig(port=0, data_dir=data_dir, model=model, api_key=api_key)
