@@ -11,11 +11,11 @@ import pytest
 PACKAGES = [
     "wirecut.agent",
     "wirecut.aio",
+    "wirecut.client",
     "wirecut.console.cluster",
     "wirecut.console.commands",
     "wirecut.console.runner",
     "wirecut.console.server",
-    "wirecut.console.terminal",
     "wirecut.http",
     "wirecut.launch",
     "wirecut.local",

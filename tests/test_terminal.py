@@ -36,8 +36,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 from websockets.sync.server import ServerConnection, serve
 
-from wirecut.console.commands import builtin_commands
-from wirecut.console.terminal import (
+from wirecut.client import (
     EXIT_CANCELLED,
     EXIT_TIMEOUT,
     AddressError,
@@ -48,7 +47,8 @@ from wirecut.console.terminal import (
     timeline_chart,
     visible,
 )
-from wirecut.console.terminal._repl import CommandNames
+from wirecut.client._repl import CommandNames
+from wirecut.console.commands import builtin_commands
 from wirecut.memory import NoteStore
 from wirecut.simulator import SimConfig, SimulatorServer
 from wirecut.simulator._words import WORDS

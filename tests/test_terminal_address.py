@@ -23,8 +23,8 @@ import pytest
 
 from _console import Console, running_console
 from _loopback import Exchange, LoopbackServer
-from wirecut.console.terminal import from_serve_json
-from wirecut.console.terminal._address import redact
+from wirecut.client import from_serve_json
+from wirecut.client._address import redact
 
 SECRET = "S3cr3t-t0ken-never-shown"
 

@@ -4,7 +4,7 @@
 nothing about WebSockets); ``commands`` holds commands as values, the
 command set and its parser, and the built-in commands; ``server`` is the
 Starlette app (``/api/console``, ``/api/health``, ``/metrics``, the web
-page) that ``wirecut serve`` runs; ``terminal`` is the ``wirecut console`` client.
+page) that ``wirecut serve`` runs. The terminal client is ``wirecut.client``.
 
 Other apps (the proof tools, tests) run a console through ``ConsoleServer``
 and ``ConsoleConfig`` from here, never from ``server``: they are loaded on

@@ -30,7 +30,7 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
-from wirecut.console.terminal._address import Address, pid_alive
+from wirecut.client._address import Address, pid_alive
 from wirecut.record import (
     CLOSE_FORBIDDEN_ORIGIN,
     CLOSE_SLOW_READER,

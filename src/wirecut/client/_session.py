@@ -32,8 +32,8 @@ import enum
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
-from wirecut.console.terminal._link import CommandChannel, Link, LinkError
-from wirecut.console.terminal._render import Renderer
+from wirecut.client._link import CommandChannel, Link, LinkError
+from wirecut.client._render import Renderer
 
 __all__ = [
     "EXIT_CANCELLED",
