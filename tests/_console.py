@@ -23,11 +23,12 @@ from typing import Any
 import httpx
 from websockets.sync.client import ClientConnection
 
+from wirecut.client import ConsoleClient as _Client
+from wirecut.client import Received
 from wirecut.console.commands import Command, CommandContext, CommandSet, command
 from wirecut.console.server import ConsoleConfig, ConsoleServer
 from wirecut.launch import Provider
-from wirecut.proof._console_client import ConsoleClient as _Client
-from wirecut.proof._console_client import Frame, Received
+from wirecut.record import Frame
 from wirecut.simulator import SimConfig, SimulatorServer
 
 __all__ = [

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from wirecut.proof._console_client import ConsoleClient
+from wirecut.client import ConsoleClient
 from wirecut.proof._console_process import ConsoleProcess
 
 BOUND = 10.0  # seconds

@@ -5,7 +5,8 @@ See docs/terminal-client.md.
 An app of its own, not part of the console: it speaks only the public
 protocol (``/api/console`` frames, docs/protocol.md, built and read by
 ``wirecut.record``) and imports nothing of the server, so any other client
-could do what it does.
+could do what it does. ``ConsoleClient`` is the synchronous client that the
+proof tools and the tests use; ``Link`` is the terminal's asynchronous one.
 """
 
 from wirecut.client._address import (
@@ -28,6 +29,7 @@ from wirecut.client._session import (
     TerminalSession,
     exit_code,
 )
+from wirecut.client._sync import ConsoleClient, Received
 
 __all__ = [
     "EXIT_CANCELLED",
@@ -40,8 +42,10 @@ __all__ = [
     "Address",
     "AddressError",
     "CommandChannel",
+    "ConsoleClient",
     "Link",
     "LinkError",
+    "Received",
     "Renderer",
     "TerminalSession",
     "describe_complete",

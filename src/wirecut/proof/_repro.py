@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from wirecut.proof._console_client import ConsoleClient
+from wirecut.client import ConsoleClient
 from wirecut.proof._naive import ExecutorHost, plain_job
 from wirecut.proof._seed import seed_notes
 from wirecut.proof._sim_process import SimProcess

@@ -1,4 +1,4 @@
-"""A synchronous client of ``/api/console``: frames with their arrival times.
+"""The synchronous client of ``/api/console``: frames with their arrival times.
 
 ``ConsoleClient`` speaks the protocol (docs/protocol.md, "/api/console") over one
 real WebSocket (the ``websockets`` sync client). A background thread reads
@@ -6,8 +6,10 @@ the frames and stamps each with ``time.monotonic()`` as it arrives, so that
 ``repro`` and ``bench`` can measure cancel -> ``complete`` on the client's
 side of the wire. Every wait is bounded and wakes on the frame it waits for.
 
-It is the one such client of the project: the test suite's client
-(tests/_console.py) is a thin adapter over it.
+It is the one synchronous client of the project: the proof tools use it,
+and the test suite's client (tests/_console.py) is a thin adapter over it.
+The terminal's ``Link`` is its asynchronous counterpart; both build and read
+frames with ``wirecut.record``.
 
 Safe to call from any thread; the frames are kept under one condition.
 
@@ -33,7 +35,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from wirecut.record import CancelFrame, CompleteFacts, Frame, RunFrame, read_frame
 
-__all__ = ["ConsoleClient", "Frame", "Received"]
+__all__ = ["ConsoleClient", "Received"]
 
 # How long close() waits for the reader to see the connection end.
 _READER_JOIN = 5.0
