@@ -108,7 +108,7 @@ async def _main(
         for text in [line] if line is not None else (piped or []):
             if not text:
                 continue
-            code = exit_code((await term.run(text)).get("status"))
+            code = exit_code((await term.run(text)).status)
             if term.abandoned:
                 break
         return code
