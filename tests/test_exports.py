@@ -19,6 +19,7 @@ PACKAGES = [
     "wirecut.http",
     "wirecut.launch",
     "wirecut.local",
+    "wirecut.loopback",
     "wirecut.memory",
     "wirecut.proof",
     "wirecut.provider",

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from _loopback import self_signed
-from wirecut.simulator import LoopbackExchange, LoopbackServer
+from wirecut.loopback import LoopbackExchange, LoopbackServer
 
 BOUND = 5.0  # seconds: a generous bound for "promptly" on a shared, noisy machine
 REQUEST = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"

@@ -52,9 +52,9 @@ import wirecut.scope as ws
 from wirecut.agent import AIAgent, ConversationStatus, delegate_tool
 from wirecut.console.commands._context import CommandContext, CommandError, UsageError
 from wirecut.console.commands._registry import Command, command
+from wirecut.loopback import FullBacklog, LoopbackExchange, LoopbackRequest, LoopbackServer
 from wirecut.provider import ChatClient, ChatResult, ProviderError
 from wirecut.scope import Interrupted
-from wirecut.simulator import FullBacklog, LoopbackExchange, LoopbackRequest, LoopbackServer
 
 __all__ = ["POINTS", "ServerObserver", "probe", "probe_command"]
 
