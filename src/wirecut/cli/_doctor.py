@@ -15,6 +15,8 @@ import sys
 
 import click
 
+from wirecut.cli._options import provider_options
+
 __all__ = ["doctor"]
 
 
@@ -34,15 +36,11 @@ def _modes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str,
 
 
 @click.command("doctor")
-@click.option(
-    "--provider-url",
-    default=None,
-    metavar="URL",
-    help="The provider's OpenAI-compatible API base (http://host:port/v1). "
+@provider_options(
+    url_help="The provider's OpenAI-compatible API base (http://host:port/v1). "
     "Default: $WIRECUT_PROVIDER_URL, then $OPENAI_BASE_URL.",
+    model_help="The model to ask for. Default: the first listed.",
 )
-@click.option("--model", default=None, help="The model to ask for. Default: the first listed.")
-@click.option("--api-key", default=None, help="The provider's API key. Default: $OPENAI_API_KEY.")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as one JSON object.")
 # For tests: the simulator and fakes need no 1.5 s between polls; a shorter watch.
 @click.option("--min-poll", type=float, default=None, callback=_poll, hidden=True)
