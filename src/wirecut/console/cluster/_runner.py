@@ -59,8 +59,8 @@ from wirecut.console.cluster._remote import Outcome, RemoteJob, remote_facts
 from wirecut.console.cluster._split import RemoteBounds, SplitCommands, SplitPlacement
 from wirecut.console.commands import CommandSet, Services, Session, builtin_commands
 from wirecut.console.runner import (
-    Command,
     CommandEvent,
+    CommandRecord,
     CommandState,
     CompleteFacts,
     Placement,
@@ -112,15 +112,11 @@ def _where(name: str, args: list[str]) -> str:
 
 
 @dataclass(eq=False, kw_only=True)
-class RemoteCommand(Command):
+class RemoteCommand(CommandRecord):
     """A command whose work runs on a command host."""
 
     job: RemoteJob | None = None
     confirm_pending: bool = False
-
-
-#: The name this record had before the runners shared their core.
-ClusterCommand = RemoteCommand
 
 
 class HostPlacement:
@@ -145,21 +141,21 @@ class HostPlacement:
         assert isinstance(command, RemoteCommand)
         return command
 
-    def launch(self, command: Command) -> None:
+    def launch(self, command: CommandRecord) -> None:
         assert isinstance(command, RemoteCommand)
         self._live.add(command)  # Placed on a host by its driver (``settle``).
 
-    def cut(self, command: Command, reason: Reason) -> None:
+    def cut(self, command: CommandRecord, reason: Reason) -> None:
         """Never blocks: the host's cancel is one control call, batched with the others."""
         assert isinstance(command, RemoteCommand)
         if command.job is not None:
             command.job.cancel(reason)
 
-    def cancel(self, command: Command, reason: Reason) -> bool:
+    def cancel(self, command: CommandRecord, reason: Reason) -> bool:
         assert isinstance(command, RemoteCommand)
         return command.job is None  # Not sent to any host yet: it never will be.
 
-    def confirm(self, command: Command) -> bool:
+    def confirm(self, command: CommandRecord) -> bool:
         assert isinstance(command, RemoteCommand)
         job = command.job
         if not command.confirm_pending or job is None:
@@ -168,7 +164,7 @@ class HostPlacement:
         job.host.actor.confirm.remote(job.id)
         return True
 
-    async def settle(self, command: Command) -> CompleteFacts:
+    async def settle(self, command: CommandRecord) -> CompleteFacts:
         assert isinstance(command, RemoteCommand)
         try:
             return await self._run(command)
@@ -402,7 +398,7 @@ class ClusterRunner(RunnerCore):
             job.on_host_gone()
 
 
-def _write(command: Command, stream: Any, data: str) -> None:
+def _write(command: CommandRecord, stream: Any, data: str) -> None:
     if command.output is not None:
         command.output.write(stream, data)
 
@@ -412,7 +408,7 @@ def _history(session: Session) -> list[dict[str, Any]]:
         return [dict(message) for message in session.chat_history]
 
 
-def _apply_history(command: Command, outcome: Outcome) -> None:
+def _apply_history(command: CommandRecord, outcome: Outcome) -> None:
     receipt = outcome.receipt
     if receipt is not None and receipt.chat_history is not None:
         with command.session.lock:

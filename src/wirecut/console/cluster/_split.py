@@ -41,7 +41,7 @@ from wirecut.console.cluster._pool import HostPool
 from wirecut.console.cluster._remote import Outcome, RemoteJob, remote_facts
 from wirecut.console.commands import Stream
 from wirecut.console.runner import (
-    Command,
+    CommandRecord,
     CompleteFacts,
     LocalCommand,
     Reason,
@@ -294,7 +294,9 @@ class SplitPlacement:
     def __init__(self, threads: ThreadPlacement, splits: SplitCommands) -> None:
         self._threads = threads
         self._splits = splits
-        self._by_command: weakref.WeakKeyDictionary[Command, _Split] = weakref.WeakKeyDictionary()
+        self._by_command: weakref.WeakKeyDictionary[CommandRecord, _Split] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def record(self, accepted: Accepted) -> LocalCommand:
         command = self._threads.record(accepted)
@@ -302,19 +304,19 @@ class SplitPlacement:
         self._by_command[command] = self._splits.track(command)
         return command
 
-    def launch(self, command: Command) -> None:
+    def launch(self, command: CommandRecord) -> None:
         self._threads.launch(command)
 
-    def cut(self, command: Command, reason: Reason) -> None:
+    def cut(self, command: CommandRecord, reason: Reason) -> None:
         self._threads.cut(command, reason)
 
-    def cancel(self, command: Command, reason: Reason) -> bool:
+    def cancel(self, command: CommandRecord, reason: Reason) -> bool:
         return self._threads.cancel(command, reason)
 
-    def confirm(self, command: Command) -> bool:
+    def confirm(self, command: CommandRecord) -> bool:
         return self._threads.confirm(command)
 
-    async def settle(self, command: Command) -> CompleteFacts:
+    async def settle(self, command: CommandRecord) -> CompleteFacts:
         assert isinstance(command, LocalCommand)
         try:
             facts = await self._threads.settle(command)

@@ -7,7 +7,7 @@ and gets each command's frames back through a ``CommandSink``.
 from wirecut.console.runner._contract import CommandSink, Runner, RunnerObserver
 from wirecut.console.runner._core import (
     Accepted,
-    Command,
+    CommandRecord,
     Placement,
     Reporter,
     RunnerCore,
@@ -25,7 +25,6 @@ from wirecut.console.runner._pool import WorkerPool
 from wirecut.console.runner._runner import (
     CommandRunner,
     LocalCommand,
-    RunningCommand,
     ThreadPlacement,
 )
 from wirecut.record import (
@@ -41,14 +40,10 @@ from wirecut.record import (
     make_timeline,
 )
 
-#: The record a server reads (the core's ``Command``).
-CommandRecord = Command
-
 __all__ = [
     "COMMIT_OPEN_ERROR",
     "TRANSITIONS",
     "Accepted",
-    "Command",
     "CommandEvent",
     "CommandLifecycle",
     "CommandRecord",
@@ -69,7 +64,6 @@ __all__ = [
     "RunnerCore",
     "RunnerLimits",
     "RunnerObserver",
-    "RunningCommand",
     "Status",
     "ThreadPlacement",
     "TimelineStep",

@@ -40,7 +40,7 @@ from wirecut.console.commands import (
 from wirecut.console.runner._contract import RunnerObserver
 from wirecut.console.runner._core import (
     Accepted,
-    Command,
+    CommandRecord,
     Reporter,
     RunnerCore,
     RunnerLimits,
@@ -61,13 +61,13 @@ from wirecut.record import (
 )
 from wirecut.scope import Interrupted, InterruptScope
 
-__all__ = ["CommandRunner", "LocalCommand", "RunningCommand", "ThreadPlacement"]
+__all__ = ["CommandRunner", "LocalCommand", "ThreadPlacement"]
 
 _log = logging.getLogger("wirecut.console")
 
 
 @dataclass(eq=False, kw_only=True)
-class LocalCommand(Command):
+class LocalCommand(CommandRecord):
     """A command whose work runs on a worker thread of this process."""
 
     work: Work
@@ -84,10 +84,6 @@ class LocalCommand(Command):
     confirm_event: threading.Event | None = None
     #: What a callable's work returned (``submit_call``).
     result: Any = None
-
-
-#: The name this record had before the runners shared their core.
-RunningCommand = LocalCommand
 
 
 class ThreadPlacement:
@@ -132,7 +128,7 @@ class ThreadPlacement:
         assert isinstance(command, LocalCommand)
         return command
 
-    def launch(self, command: Command) -> None:
+    def launch(self, command: CommandRecord) -> None:
         assert isinstance(command, LocalCommand)
         assert command.output is not None
         bind_output(command.scope, command.output)
@@ -140,18 +136,18 @@ class ThreadPlacement:
         command.future = self.pool.submit(self._work, command)
         command.future.add_done_callback(lambda _: self._worker_done(command))
 
-    def cut(self, command: Command, reason: Reason) -> None:
+    def cut(self, command: CommandRecord, reason: Reason) -> None:
         assert isinstance(command, LocalCommand)
         command.scope.cancel(reason)
 
-    def cancel(self, command: Command, reason: Reason) -> bool:
+    def cancel(self, command: CommandRecord, reason: Reason) -> bool:
         assert isinstance(command, LocalCommand)
         assert command.future is not None
         # Cut already: this call only schedules the escalation.
         command.scope.cancel(reason, escalate_after=self.limits.escalation)
         return command.future.cancel()
 
-    def confirm(self, command: Command) -> bool:
+    def confirm(self, command: CommandRecord) -> bool:
         assert isinstance(command, LocalCommand)
         event = command.confirm_event
         if event is None or event.is_set():
@@ -159,7 +155,7 @@ class ThreadPlacement:
         event.set()
         return True
 
-    async def settle(self, command: Command) -> CompleteFacts:
+    async def settle(self, command: CommandRecord) -> CompleteFacts:
         assert isinstance(command, LocalCommand)
         assert command.future is not None
         await command.wake.wait()
