@@ -25,7 +25,7 @@ from websockets.sync.client import ClientConnection
 
 from wirecut.client import ConsoleClient as _Client
 from wirecut.client import Received
-from wirecut.console.commands import Command, CommandContext, CommandSet, command
+from wirecut.console.commands import Args, Command, CommandContext, CommandSet, command
 from wirecut.console.server import ConsoleConfig, ConsoleServer
 from wirecut.launch import Provider
 from wirecut.record import Frame
@@ -79,8 +79,8 @@ def gate_command(opened: threading.Event, bound: float = 60.0) -> Command:
     ends it at once, as any command (the scope's wait is a cancellation point).
     """
 
-    @command("test-gate", usage="test-gate", summary="(tests) runs until the test opens a gate")
-    def gate(ctx: CommandContext, args: list[str]) -> None:
+    @command("test-gate", summary="(tests) runs until the test opens a gate")
+    def gate(ctx: CommandContext, args: Args) -> None:
         ctx.scope.wait(opened, bound)
 
     return gate

@@ -28,15 +28,15 @@ from websockets.sync.client import connect
 from _console import Console, ConsoleClient, running_console, start_serve, wait_health
 from _loopback import Exchange, LoopbackServer
 from _rawws import RawClient
-from wirecut.console.commands import CommandContext, builtin_commands, command
+from wirecut.console.commands import Args, CommandContext, builtin_commands, command
 from wirecut.memory import NoteStore
 from wirecut.simulator import SimConfig, SimulatorServer
 
 REBOUND = "rebound.attacker.example"
 
 
-@command("test-access-ask", usage="test-access-ask", summary="(tests) asks to confirm")
-def _ask(ctx: CommandContext, args: list[str]) -> None:
+@command("test-access-ask", summary="(tests) asks to confirm")
+def _ask(ctx: CommandContext, args: Args) -> None:
     if ctx.confirm("go ahead?"):
         ctx.write("confirmed\n")
 

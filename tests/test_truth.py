@@ -29,7 +29,7 @@ import pytest
 from _acker import SlowAcker
 from _console import ConsoleClient, running_console
 from _poll import BOUND
-from wirecut.console.commands import CommandContext, CommandSet, builtin_commands, command
+from wirecut.console.commands import Args, CommandContext, CommandSet, builtin_commands, command
 from wirecut.console.runner import COMMIT_OPEN_ERROR
 from wirecut.memory import NoteStore
 
@@ -187,23 +187,23 @@ def test_a_chat_is_cancelled_only_if_its_reply_was_not_kept(
 def commit_commands(acker: SlowAcker, never: threading.Event) -> CommandSet:
     """``test-commit`` (a COMMIT over loopback), ``test-two-steps``, ``test-hung-commit``."""
 
-    @command("test-commit", usage="test-commit", summary="(tests) one COMMIT, acknowledged")
-    def commit(ctx: CommandContext, args: list[str]) -> None:
+    @command("test-commit", summary="(tests) one COMMIT, acknowledged")
+    def commit(ctx: CommandContext, args: Args) -> None:
         with socket.create_connection(acker.address) as sock:
             with ctx.scope.register_socket(sock), ctx.scope.committing("write"):
                 sock.sendall(b"COMMIT\n")
                 ack = sock.recv(16)
         ctx.write(f"acknowledged: {ack.decode().strip()}\n")
 
-    @command("test-two-steps", usage="test-two-steps", summary="(tests) commits, then blocks")
-    def two_steps(ctx: CommandContext, args: list[str]) -> None:
+    @command("test-two-steps", summary="(tests) commits, then blocks")
+    def two_steps(ctx: CommandContext, args: Args) -> None:
         with ctx.scope.committing("step 1"):
             pass
         ctx.write("step 1 done\n")
         ctx.scope.wait(never)  # step 2, which the cancel cuts
 
-    @command("test-hung-commit", usage="test-hung-commit", summary="(tests) a COMMIT that hangs")
-    def hung(ctx: CommandContext, args: list[str]) -> None:
+    @command("test-hung-commit", summary="(tests) a COMMIT that hangs")
+    def hung(ctx: CommandContext, args: Args) -> None:
         with ctx.scope.committing("write"):
             ctx.write("committing\n")
             never.wait(60)  # a commit the cancel cannot end

@@ -119,7 +119,7 @@ class RemoteCommand(CommandRecord):
     confirm_pending: bool = False
 
 
-class HostPlacement:
+class HostPlacement(Placement[RemoteCommand]):
     """Runs commands on the cluster's command hosts (see the module docstring).
 
     ``runner`` is the core (``RunnerCore``): it hears of starts and
@@ -137,26 +137,20 @@ class HostPlacement:
     # -- Placement ----------------------------------------------------------------------
 
     def record(self, accepted: Accepted) -> RemoteCommand:
-        command = RemoteCommand.of(accepted, self)
-        assert isinstance(command, RemoteCommand)
-        return command
+        return RemoteCommand.of(accepted, self)
 
-    def launch(self, command: CommandRecord) -> None:
-        assert isinstance(command, RemoteCommand)
+    def launch(self, command: RemoteCommand) -> None:
         self._live.add(command)  # Placed on a host by its driver (``settle``).
 
-    def cut(self, command: CommandRecord, reason: Reason) -> None:
+    def cut(self, command: RemoteCommand, reason: Reason) -> None:
         """Never blocks: the host's cancel is one control call, batched with the others."""
-        assert isinstance(command, RemoteCommand)
         if command.job is not None:
             command.job.cancel(reason)
 
-    def cancel(self, command: CommandRecord, reason: Reason) -> bool:
-        assert isinstance(command, RemoteCommand)
+    def cancel(self, command: RemoteCommand, reason: Reason) -> bool:
         return command.job is None  # Not sent to any host yet: it never will be.
 
-    def confirm(self, command: CommandRecord) -> bool:
-        assert isinstance(command, RemoteCommand)
+    def confirm(self, command: RemoteCommand) -> bool:
         job = command.job
         if not command.confirm_pending or job is None:
             return False
@@ -164,8 +158,7 @@ class HostPlacement:
         job.host.actor.confirm.remote(job.id)
         return True
 
-    async def settle(self, command: CommandRecord) -> CompleteFacts:
-        assert isinstance(command, RemoteCommand)
+    async def settle(self, command: RemoteCommand) -> CompleteFacts:
         try:
             return await self._run(command)
         finally:
@@ -342,7 +335,7 @@ class ClusterRunner(RunnerCore):
         self.threads.stop()
         await self.pool.shutdown()
 
-    def _route(self, line: str) -> tuple[Placement, Work]:
+    def _route(self, line: str) -> tuple[Placement[Any], Work]:
         found, args = self.commands.parse(line)
         where = _where(found.name, args)
         if where == "remote":
@@ -351,7 +344,7 @@ class ClusterRunner(RunnerCore):
             return self.split, (found, args)
         return self.threads, (found, args)
 
-    def _call_placement(self) -> Placement:
+    def _call_placement(self) -> Placement[Any]:
         return self.threads
 
     @property

@@ -41,9 +41,9 @@ from wirecut.console.cluster._pool import HostPool
 from wirecut.console.cluster._remote import Outcome, RemoteJob, remote_facts
 from wirecut.console.commands import Stream
 from wirecut.console.runner import (
-    CommandRecord,
     CompleteFacts,
     LocalCommand,
+    Placement,
     Reason,
     Status,
     ThreadPlacement,
@@ -288,13 +288,13 @@ class ModelClient:
         return self._splits.chat(messages, {"tools": tools, "stream": stream, **params}, on_token)
 
 
-class SplitPlacement:
+class SplitPlacement(Placement[LocalCommand]):
     """The local thread placement, for a split command: the host's facts merged at the end."""
 
     def __init__(self, threads: ThreadPlacement, splits: SplitCommands) -> None:
         self._threads = threads
         self._splits = splits
-        self._by_command: weakref.WeakKeyDictionary[CommandRecord, _Split] = (
+        self._by_command: weakref.WeakKeyDictionary[LocalCommand, _Split] = (
             weakref.WeakKeyDictionary()
         )
 
@@ -304,20 +304,19 @@ class SplitPlacement:
         self._by_command[command] = self._splits.track(command)
         return command
 
-    def launch(self, command: CommandRecord) -> None:
+    def launch(self, command: LocalCommand) -> None:
         self._threads.launch(command)
 
-    def cut(self, command: CommandRecord, reason: Reason) -> None:
+    def cut(self, command: LocalCommand, reason: Reason) -> None:
         self._threads.cut(command, reason)
 
-    def cancel(self, command: CommandRecord, reason: Reason) -> bool:
+    def cancel(self, command: LocalCommand, reason: Reason) -> bool:
         return self._threads.cancel(command, reason)
 
-    def confirm(self, command: CommandRecord) -> bool:
+    def confirm(self, command: LocalCommand) -> bool:
         return self._threads.confirm(command)
 
-    async def settle(self, command: CommandRecord) -> CompleteFacts:
-        assert isinstance(command, LocalCommand)
+    async def settle(self, command: LocalCommand) -> CompleteFacts:
         try:
             facts = await self._threads.settle(command)
         finally:

@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, Self, TypeVar
 
 from wirecut.console._limits import RunnerLimits
 from wirecut.console.commands import (
@@ -88,7 +88,7 @@ class CommandRecord:
     sink: CommandSink
     lifecycle: CommandLifecycle
     timeout: float
-    placement: Placement | None = None
+    placement: Placement[Any] | None = None
     accepted_at: float = field(default_factory=time.monotonic)
     output: OutputBuffer | None = None
     #: The first reason the runner cancelled it with (None: it was not cancelled).
@@ -101,7 +101,7 @@ class CommandRecord:
     timeout_handle: asyncio.TimerHandle | None = None
 
     @classmethod
-    def of(cls, accepted: Accepted, placement: Placement | None, **fields: Any) -> CommandRecord:
+    def of(cls, accepted: Accepted, placement: Placement[Any] | None, **fields: Any) -> Self:
         """The record of ``accepted`` (a subclass passes its own ``fields``)."""
         return cls(
             id=accepted.id,
@@ -133,29 +133,33 @@ class Reporter(Protocol):
         """The work asks the client to confirm."""
 
 
-class Placement(Protocol):
-    """Where commands' work runs. Every method is called on the event loop."""
+#: The record a placement keeps of each command it runs.
+R = TypeVar("R", bound=CommandRecord)
 
-    def record(self, accepted: Accepted) -> CommandRecord:
+
+class Placement(Protocol[R]):
+    """Where commands' work runs, and the record (``R``) it keeps of each. Event loop only."""
+
+    def record(self, accepted: Accepted) -> R:
         """The record of a command accepted for this placement (not launched yet)."""
 
-    def launch(self, command: CommandRecord) -> None:
+    def launch(self, command: R) -> None:
         """Start (or queue) the work of ``command``."""
 
-    def cut(self, command: CommandRecord, reason: Reason) -> None:
+    def cut(self, command: R, reason: Reason) -> None:
         """Cut the work's wires now (sockets, processes, a control message); nothing else.
 
         The first half of a cancel, and the only one on the hot path: a burst
         runs it for every command before any ``cancel``. Never blocks.
         """
 
-    def cancel(self, command: CommandRecord, reason: Reason) -> bool:
+    def cancel(self, command: R, reason: Reason) -> bool:
         """The rest of a cut command's cancel, never blocking; True if it never ran nor will."""
 
-    def confirm(self, command: CommandRecord) -> bool:
+    def confirm(self, command: R) -> bool:
         """Pass on the client's confirmation; False if the work is not asking."""
 
-    async def settle(self, command: CommandRecord) -> CompleteFacts:
+    async def settle(self, command: R) -> CompleteFacts:
         """Wait until the work ended (by itself, or cut, within the unwind bound); its facts."""
 
 
@@ -188,11 +192,11 @@ class RunnerCore:
 
     # -- for subclasses -------------------------------------------------------------------
 
-    def _route(self, line: str) -> tuple[Placement, Work]:
+    def _route(self, line: str) -> tuple[Placement[Any], Work]:
         """Where ``line`` runs and what it runs; ``CommandError`` if it does not parse."""
         raise NotImplementedError
 
-    def _call_placement(self) -> Placement:
+    def _call_placement(self) -> Placement[Any]:
         """The placement of ``submit_call``'s callables."""
         raise NotImplementedError
 
@@ -459,7 +463,7 @@ class _NoObserver:
         pass
 
 
-def _placement(command: CommandRecord) -> Placement:
+def _placement(command: CommandRecord) -> Placement[Any]:
     assert command.placement is not None  # a rejected line is DONE already
     return command.placement
 

@@ -41,6 +41,7 @@ from wirecut.console.runner._contract import RunnerObserver
 from wirecut.console.runner._core import (
     Accepted,
     CommandRecord,
+    Placement,
     Reporter,
     RunnerCore,
     RunnerLimits,
@@ -86,7 +87,7 @@ class LocalCommand(CommandRecord):
     result: Any = None
 
 
-class ThreadPlacement:
+class ThreadPlacement(Placement[LocalCommand]):
     """Runs commands on a ``WorkerPool`` of this process, each under its own scope.
 
     ``services`` and ``commands`` are what every command's context gets;
@@ -124,39 +125,32 @@ class ThreadPlacement:
 
     def record(self, accepted: Accepted) -> LocalCommand:
         scope = InterruptScope(f"command-{accepted.id}")
-        command = LocalCommand.of(accepted, self, work=accepted.work, scope=scope)
-        assert isinstance(command, LocalCommand)
-        return command
+        return LocalCommand.of(accepted, self, work=accepted.work, scope=scope)
 
-    def launch(self, command: CommandRecord) -> None:
-        assert isinstance(command, LocalCommand)
+    def launch(self, command: LocalCommand) -> None:
         assert command.output is not None
         bind_output(command.scope, command.output)
         self._live.add(command)
         command.future = self.pool.submit(self._work, command)
         command.future.add_done_callback(lambda _: self._worker_done(command))
 
-    def cut(self, command: CommandRecord, reason: Reason) -> None:
-        assert isinstance(command, LocalCommand)
+    def cut(self, command: LocalCommand, reason: Reason) -> None:
         command.scope.cancel(reason)
 
-    def cancel(self, command: CommandRecord, reason: Reason) -> bool:
-        assert isinstance(command, LocalCommand)
+    def cancel(self, command: LocalCommand, reason: Reason) -> bool:
         assert command.future is not None
         # Cut already: this call only schedules the escalation.
         command.scope.cancel(reason, escalate_after=self.limits.escalation)
         return command.future.cancel()
 
-    def confirm(self, command: CommandRecord) -> bool:
-        assert isinstance(command, LocalCommand)
+    def confirm(self, command: LocalCommand) -> bool:
         event = command.confirm_event
         if event is None or event.is_set():
             return False
         event.set()
         return True
 
-    async def settle(self, command: CommandRecord) -> CompleteFacts:
-        assert isinstance(command, LocalCommand)
+    async def settle(self, command: LocalCommand) -> CompleteFacts:
         assert command.future is not None
         await command.wake.wait()
         unwind = self.limits.unwind_timeout
@@ -294,7 +288,7 @@ class ThreadPlacement:
                 command.result = work(context)
             else:
                 found, args = work
-                found.fn(context, args)
+                found(context, args)
 
         command.scope.run(body)
 
