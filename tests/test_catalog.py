@@ -12,7 +12,8 @@ import httpx
 
 from _console import running_console
 from wirecut.console.commands import Args, CommandContext, builtin_commands, command
-from wirecut.console.server._catalog import TIMELINE_EVENTS, catalog
+from wirecut.console.server._catalog import catalog
+from wirecut.record import TIMELINE_EVENTS
 from wirecut.scope import TimelineEvent
 
 

@@ -284,7 +284,7 @@ def test_cancel_racing_run_gives_each_id_exactly_one_complete(
 def test_a_cut_that_fails_in_a_cancel_all_still_cancels_every_other_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from wirecut.console.runner._runner import ThreadPlacement
+    from wirecut.console.runner import ThreadPlacement
 
     real_cut = ThreadPlacement.cut
 
@@ -462,7 +462,7 @@ def test_workers_that_return_while_the_loop_is_busy_wake_it_once(tmp_path: Path)
 def test_an_exit_that_fails_to_be_handled_does_not_hold_the_others_of_its_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from wirecut.console.runner._runner import ThreadPlacement
+    from wirecut.console.runner import ThreadPlacement
 
     real_done = ThreadPlacement._on_worker_done
     failed: list[str] = []

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from wirecut.client import ConsoleClient
-from wirecut.proof._console_process import ConsoleProcess
+from wirecut.proof import ConsoleProcess
 
 BOUND = 10.0  # seconds
 #: No provider listens here: the commands these tests run never ask one.

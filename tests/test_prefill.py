@@ -228,9 +228,8 @@ from wirecut.record import UsageFacts
 from wirecut.console.runner import CompleteFacts, Reason
 from wirecut.console.server import ConsoleConfig
 from wirecut.launch import Provider
-from wirecut.console.server._app import create_app
-from wirecut.console.server._serve import build_state
-from wirecut.proof._sim_process import SimProcess
+from wirecut.console.server import build_state, create_app
+from wirecut.proof import SimProcess
 from wirecut.simulator import SimConfig
 
 async def main(base_url, data_dir):
