@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from _support import PROCESS_BOUND as BOUND
 from wirecut._paths import DATA_DIR_ENV
-
-BOUND = 30.0  # seconds for a command that must fail at once (the imports take a moment)
 
 
 def wirecut(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from _console import ConsoleClient
 from _loopback import Exchange, LoopbackServer
+from _support import BOUND
 from wirecut import _json
 from wirecut.agent import http_get_tool
 from wirecut.agent._builtins import MAX_FETCH_BYTES
@@ -38,7 +39,6 @@ from wirecut.provider import (
     iter_sse,
 )
 
-BOUND = 10.0  # seconds: a generous bound for "promptly" on a shared, noisy machine
 MESSAGES = [{"role": "user", "content": "hi"}]
 MiB = 1 << 20
 

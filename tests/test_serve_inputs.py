@@ -22,11 +22,10 @@ from pathlib import Path
 import pytest
 
 from _console import Console, running_console, serve_argv, serving
+from _support import PROCESS_BOUND as BOUND
 from wirecut.memory import NoteStore
 from wirecut.provider import ProviderKind, base_url_problem, identify_provider
 from wirecut.simulator import SimConfig, SimulatorServer
-
-BOUND = 30.0  # seconds for a process that must answer at once (the imports take a moment)
 
 #: The variables that name a provider; cleared so that the machine's own do not leak in.
 PROVIDER_ENV = ("WIRECUT_PROVIDER_URL", "OPENAI_BASE_URL", "OPENAI_API_KEY")

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from _acker import SlowAcker
-from _poll import BOUND
+from _support import BOUND
 from wirecut.scope import Interrupted, InterruptScope, MockClock
 
 

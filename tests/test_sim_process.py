@@ -19,10 +19,9 @@ import httpx
 import pytest
 
 from _pids import exited
+from _support import BOUND
 from wirecut.proof import SimProcess
 from wirecut.simulator import EventKind, SimConfig, SimEvent
-
-BOUND = 10.0  # seconds
 
 
 def _chat(stream: bool) -> dict[str, object]:

@@ -36,6 +36,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 from websockets.sync.server import ServerConnection, serve
 
+from _support import PROCESS_BOUND as BOUND
 from wirecut.client import (
     EXIT_CANCELLED,
     EXIT_TIMEOUT,
@@ -54,7 +55,6 @@ from wirecut.record import NO_USAGE, CompleteFacts, Ending, LifecycleFacts, Reas
 from wirecut.simulator import SimConfig, SimulatorServer
 from wirecut.simulator._words import WORDS
 
-BOUND = 15.0  # seconds for one expected thing to show up on a shared, noisy machine
 PROMPT = "wirecut>"  # prompt_toolkit moves the cursor instead of writing the trailing space
 #: ANSI styling that may sit between two words on a terminal.
 _ANSI = r"(?:\x1b\[[0-9;?]*[ -/]*[@-~])*"

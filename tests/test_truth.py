@@ -28,7 +28,7 @@ import pytest
 
 from _acker import SlowAcker
 from _console import ConsoleClient, running_console
-from _poll import BOUND
+from _support import BOUND
 from wirecut.console.commands import Args, CommandContext, CommandSet, builtin_commands, command
 from wirecut.console.runner import COMMIT_OPEN_ERROR
 from wirecut.memory import NoteStore
