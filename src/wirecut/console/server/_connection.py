@@ -27,34 +27,16 @@ from typing import Any
 
 from starlette.websockets import WebSocket
 
-from wirecut import __version__
+from wirecut import __version__, record
 from wirecut.console.commands import Session, Stream
 from wirecut.console.runner import CommandRecord, CommandState, CompleteFacts, Runner
-from wirecut.record import (
-    CLOSE_SLOW_READER,
-    DEFAULT_PROMPT,
-    CancelFrame,
-    ConfirmFrame,
-    FrameError,
-    PingFrame,
-    RunFrame,
-    accepted_frame,
-    complete_frame,
-    confirm_required_frame,
-    error_frame,
-    output_frame,
-    parse_frame,
-    pong_frame,
-    ready_frame,
-    started_frame,
-)
 from wirecut.serving import TRANSPORT_EXTENSION
 
-__all__ = ["CLOSE_SLOW_READER", "FRAME_OVERHEAD", "MAX_LIVE_COMMANDS", "PROMPT", "Connection"]
+__all__ = ["FRAME_OVERHEAD", "MAX_LIVE_COMMANDS", "PROMPT", "Connection"]
 
 _log = logging.getLogger("wirecut.console")
 
-PROMPT = DEFAULT_PROMPT
+PROMPT = record.DEFAULT_PROMPT
 #: Commands one connection may have accepted and not completed at once.
 MAX_LIVE_COMMANDS = 256
 #: What a queued frame costs besides its characters (the str object, the queue slot).
@@ -93,7 +75,7 @@ class Connection:
     async def serve(self) -> None:
         """Run the connection until the client leaves; then cancel what it left running."""
         self._sender = asyncio.get_running_loop().create_task(self._send_loop())
-        self.send(ready_frame(__version__, PROMPT))
+        self.send(record.ready_frame(__version__, PROMPT))
         try:
             while True:
                 message = await self.websocket.receive()
@@ -133,8 +115,8 @@ class Connection:
 
     def handle(self, text: str) -> None:
         try:
-            frame = parse_frame(text)
-        except FrameError as exc:
+            frame = record.parse_frame(text)
+        except record.FrameError as exc:
             # A run frame's error is its refusal and carries its id; an id of
             # a cancel or confirm is named only while live (after its
             # complete, nothing more carries it).
@@ -143,16 +125,16 @@ class Connection:
             else:
                 self.error(str(exc), exc.id)
             return
-        if isinstance(frame, PingFrame):
-            self.send(pong_frame())
-        elif isinstance(frame, RunFrame):
+        if isinstance(frame, record.PingFrame):
+            self.send(record.pong_frame())
+        elif isinstance(frame, record.RunFrame):
             self._run(frame)
-        elif isinstance(frame, CancelFrame):
+        elif isinstance(frame, record.CancelFrame):
             self._cancel(frame)
-        elif isinstance(frame, ConfirmFrame):
+        elif isinstance(frame, record.ConfirmFrame):
             self._confirm(frame)
 
-    def _run(self, frame: RunFrame) -> None:
+    def _run(self, frame: record.RunFrame) -> None:
         if frame.id is not None:
             id = frame.id
         else:
@@ -174,9 +156,9 @@ class Connection:
             self.error(str(exc), id)
             return
         self._commands[id] = command
-        self.send(accepted_frame(id, queued))
+        self.send(record.accepted_frame(id, queued))
 
-    def _cancel(self, frame: CancelFrame) -> None:
+    def _cancel(self, frame: record.CancelFrame) -> None:
         if frame.id is None:
             self.runner.cancel_all(self._commands.values(), "user")
             return
@@ -186,7 +168,7 @@ class Connection:
             return
         self.runner.cancel(found, "user")
 
-    def _confirm(self, frame: ConfirmFrame) -> None:
+    def _confirm(self, frame: record.ConfirmFrame) -> None:
         command = self._commands.get(frame.id)
         if command is None:
             self._not_live(f"no live command with id {frame.id!r}", frame.id)
@@ -196,23 +178,23 @@ class Connection:
     # -- CommandSink (the runner's news) --------------------------------------------------
 
     def started(self, command: CommandRecord) -> None:
-        self.send(started_frame(command.id))
+        self.send(record.started_frame(command.id))
 
     def output(self, command: CommandRecord, stream: Stream, data: str) -> None:
-        self.send(output_frame(command.id, stream, data))
+        self.send(record.output_frame(command.id, stream, data))
 
     def confirm_required(self, command: CommandRecord, message: str) -> None:
-        self.send(confirm_required_frame(command.id, message))
+        self.send(record.confirm_required_frame(command.id, message))
 
     def complete(self, command: CommandRecord, facts: CompleteFacts) -> None:
         if self._commands.get(command.id) is command:
             del self._commands[command.id]
-        self.send(complete_frame(command.id, facts))
+        self.send(record.complete_frame(command.id, facts))
 
     # -- frames out ----------------------------------------------------------------------
 
     def error(self, message: str, id: str | None = None) -> None:
-        self.send(error_frame(message, id))
+        self.send(record.error_frame(message, id))
 
     def _not_live(self, message: str, id: str) -> None:
         # `complete` is the last frame for an id: an error about an id that
@@ -220,7 +202,7 @@ class Connection:
         # id in its message and in "ref" (docs/protocol.md).
         if repr(id) not in message:
             message = f"{message} (id {id!r} is not live)"
-        self.send(error_frame(message, ref=id))
+        self.send(record.error_frame(message, ref=id))
 
     def send(self, frame: dict[str, Any]) -> None:
         if self.closed:
@@ -258,7 +240,7 @@ class Connection:
         try:
             async with asyncio.timeout(self.close_timeout):
                 await self.websocket.close(
-                    CLOSE_SLOW_READER,
+                    record.CLOSE_SLOW_READER,
                     f"this client did not read its frames (more than {self.max_outbox} bytes "
                     "waited); its commands were cancelled",
                 )
