@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from wirecut.console.runner import (
+from wirecut.record import (
     CompleteFacts,
     Ending,
     LifecycleFacts,

@@ -30,8 +30,8 @@ from _acker import SlowAcker
 from _console import ConsoleClient, running_console
 from _support import BOUND
 from wirecut.console.commands import Args, CommandContext, CommandSet, builtin_commands, command
-from wirecut.console.runner import COMMIT_OPEN_ERROR
 from wirecut.memory import NoteStore
+from wirecut.record import COMMIT_OPEN_ERROR
 
 SEED = random.randrange(1 << 32)
 CUT = {"cancelled", "timeout"}

@@ -54,13 +54,12 @@ from wirecut.console.commands import CommandContext, Services, Session, Stream
 from wirecut.console.runner import (
     CommandRecord,
     CommandRunner,
-    CompleteFacts,
     LocalCommand,
-    Reason,
     RunnerLimits,
     route_stdio,
 )
 from wirecut.provider import ProviderSpec
+from wirecut.record import CompleteFacts, Reason
 from wirecut.scope import proc_stat
 
 __all__ = [

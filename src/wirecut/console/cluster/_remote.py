@@ -32,7 +32,7 @@ from ray.exceptions import ActorDiedError, RayError, TaskCancelledError
 from wirecut.console.cluster._host import HostReceipt
 from wirecut.console.cluster._pool import Host, HostPool, HostState
 from wirecut.console.commands import Stream
-from wirecut.console.runner import (
+from wirecut.record import (
     CompleteFacts,
     Ending,
     LifecycleFacts,

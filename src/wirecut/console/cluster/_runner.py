@@ -62,9 +62,7 @@ from wirecut.console.runner import (
     CommandEvent,
     CommandRecord,
     CommandState,
-    CompleteFacts,
     Placement,
-    Reason,
     RunnerCore,
     RunnerLimits,
     RunnerObserver,
@@ -73,6 +71,7 @@ from wirecut.console.runner import (
 from wirecut.console.runner._core import Accepted, Work
 from wirecut.console.runner._lifecycle import CommandEvent as _Event
 from wirecut.provider import ProviderSpec
+from wirecut.record import CompleteFacts, Reason
 
 __all__ = ["LEASE_SECONDS", "ClusterRunner", "ProviderSpec", "RemoteCommand", "placement"]
 

@@ -40,17 +40,10 @@ from wirecut.console.cluster._host import MODEL_REQUEST
 from wirecut.console.cluster._pool import HostPool
 from wirecut.console.cluster._remote import Outcome, RemoteJob, remote_facts
 from wirecut.console.commands import Stream
-from wirecut.console.runner import (
-    CompleteFacts,
-    LocalCommand,
-    Placement,
-    Reason,
-    Status,
-    ThreadPlacement,
-    make_timeline,
-)
+from wirecut.console.runner import LocalCommand, Placement, ThreadPlacement
 from wirecut.console.runner._core import Accepted
 from wirecut.provider import ChatResult, ProviderError
+from wirecut.record import CompleteFacts, Reason, Status, make_timeline
 from wirecut.scope import Interrupted, InterruptScope, current_scope
 
 __all__ = ["RemoteBounds", "SplitCommands", "SplitPlacement", "merge"]

@@ -1,7 +1,8 @@
-"""The host: the runner core, ``CommandRunner``, the terminal record, and what they are made of.
+"""The host: the runner core, ``CommandRunner``, and what they are made of.
 
 Knows nothing about WebSockets: a server drives a runner from its event loop
-and gets each command's frames back through a ``CommandSink``.
+and gets each command's frames back through a ``CommandSink``. The terminal
+record a runner decides (``CompleteFacts``) is ``wirecut.record``'s.
 """
 
 from wirecut.console.runner._contract import CommandSink, Runner, RunnerObserver
@@ -27,21 +28,8 @@ from wirecut.console.runner._runner import (
     LocalCommand,
     ThreadPlacement,
 )
-from wirecut.record import (
-    COMMIT_OPEN_ERROR,
-    CompleteFacts,
-    Ending,
-    LifecycleFacts,
-    Reason,
-    Status,
-    TimelineStep,
-    UsageFacts,
-    decide,
-    make_timeline,
-)
 
 __all__ = [
-    "COMMIT_OPEN_ERROR",
     "TRANSITIONS",
     "Accepted",
     "CommandEvent",
@@ -50,27 +38,18 @@ __all__ = [
     "CommandRunner",
     "CommandSink",
     "CommandState",
-    "CompleteFacts",
-    "Ending",
     "LifecycleError",
-    "LifecycleFacts",
     "LocalCommand",
     "OutputBuffer",
     "OutputFlusher",
     "Placement",
-    "Reason",
     "Reporter",
     "Runner",
     "RunnerCore",
     "RunnerLimits",
     "RunnerObserver",
-    "Status",
     "ThreadPlacement",
-    "TimelineStep",
-    "UsageFacts",
     "WorkerPool",
     "bind_output",
-    "decide",
-    "make_timeline",
     "route_stdio",
 ]

@@ -29,7 +29,8 @@ from starlette.websockets import WebSocket
 
 from wirecut import __version__, record
 from wirecut.console.commands import Session, Stream
-from wirecut.console.runner import CommandRecord, CommandState, CompleteFacts, Runner
+from wirecut.console.runner import CommandRecord, CommandState, Runner
+from wirecut.record import CompleteFacts
 from wirecut.serving import TRANSPORT_EXTENSION
 
 __all__ = ["FRAME_OVERHEAD", "MAX_LIVE_COMMANDS", "PROMPT", "Connection"]
