@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from websockets.sync.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
 
 from wirecut.client import ConsoleClient as _Client
 from wirecut.client import Received
@@ -35,6 +36,7 @@ __all__ = [
     "Console",
     "ConsoleClient",
     "Serving",
+    "close_code",
     "gate_command",
     "running_console",
     "serving",
@@ -157,6 +159,16 @@ class ConsoleClient:
 
 def _stamped(received: Received) -> Frame:
     return {**received.frame, "_received": received.at}
+
+
+def close_code(url: str, **kwargs: Any) -> int | None:
+    """The close code the console sends a connection to ``url`` (None: closed without one)."""
+    with connect(url, **kwargs) as ws:
+        try:
+            ws.recv(timeout=5)
+        except ConnectionClosed as exc:
+            return exc.rcvd.code if exc.rcvd else None
+    return None
 
 
 def health(server: ConsoleServer) -> dict[str, Any]:

@@ -25,12 +25,11 @@ from typing import Any
 
 import httpx
 import pytest
-from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import connect
 
 from _console import (
     Console,
     ConsoleClient,
+    close_code,
     gate_command,
     health,
     running_console,
@@ -817,20 +816,11 @@ def test_an_id_is_assigned_when_the_client_gives_none(client: ConsoleClient) -> 
 # -- authentication and origin -----------------------------------------------------------
 
 
-def _close_code(url: str, **kwargs: Any) -> int | None:
-    with connect(url, **kwargs) as ws:
-        try:
-            ws.recv(timeout=5)
-        except ConnectionClosed as exc:
-            return exc.rcvd.code if exc.rcvd else None
-    return None
-
-
 def test_a_wrong_or_missing_token_closes_4401(console: Console) -> None:
     base = console.server.ws_url.split("?")[0]
-    assert _close_code(base) == 4401
-    assert _close_code(base + "?token=wrong") == 4401
-    assert _close_code(base, additional_headers={"Authorization": "Bearer nope"}) == 4401
+    assert close_code(base) == 4401
+    assert close_code(base + "?token=wrong") == 4401
+    assert close_code(base, additional_headers={"Authorization": "Bearer nope"}) == 4401
 
 
 def test_the_token_may_come_as_a_bearer_header(console: Console) -> None:
@@ -841,7 +831,7 @@ def test_the_token_may_come_as_a_bearer_header(console: Console) -> None:
 
 
 def test_a_foreign_origin_closes_4403(console: Console) -> None:
-    assert _close_code(console.server.ws_url, origin="http://evil.example") == 4403
+    assert close_code(console.server.ws_url, origin="http://evil.example") == 4403
     own = console.server.url.rstrip("/")
     with ConsoleClient(console.server.ws_url, origin=own) as c:
         assert c.ready["type"] == "ready"

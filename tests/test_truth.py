@@ -20,7 +20,6 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -209,15 +208,6 @@ def commit_commands(acker: SlowAcker, never: threading.Event) -> CommandSet:
             never.wait(60)  # a commit the cancel cannot end
 
     return builtin_commands().plus(commit, two_steps, hung)
-
-
-@pytest.fixture
-def acker() -> Iterator[SlowAcker]:
-    server = SlowAcker()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def test_a_cancel_during_a_commit_waits_for_it_and_the_command_is_ok_with_a_late_cancel(
