@@ -20,6 +20,7 @@ PACKAGES = [
     "wirecut.launch",
     "wirecut.local",
     "wirecut.loopback",
+    "wirecut.mcp",
     "wirecut.memory",
     "wirecut.proof",
     "wirecut.provider",

@@ -122,6 +122,31 @@ def test_a_stream_returns_text_usage_and_each_token(server: LoopbackServer) -> N
     assert body["stream_options"] == {"include_usage": True}
 
 
+def test_a_paced_client_gives_on_token_each_reads_tokens_together() -> None:
+    first = threading.Event()
+
+    def burst(ex: Exchange) -> None:
+        ex.start_chunked()
+        ex.chunk(f"data: {json.dumps(chunk('Hello'))}\n\n".encode())
+        first.wait(BOUND)  # the rest comes while the client pauses between reads
+        for payload in (chunk(" big"), chunk(" world"), chunk(finish="stop"), USAGE):
+            ex.chunk(f"data: {json.dumps(payload)}\n\n".encode())
+        ex.chunk(b"data: [DONE]\n\n")
+        ex.end_chunked()
+
+    tokens: list[str] = []
+
+    def on_token(text: str) -> None:
+        tokens.append(text)
+        first.set()
+
+    with LoopbackServer(burst) as server, ChatClient(server.url, read_interval=1.0) as client:
+        result = client.chat(MESSAGES, on_token=on_token)
+    assert tokens == ["Hello", " big world"]
+    assert result.text == "Hello big world"
+    assert result.usage == Usage(5, 2, 7, requests=1)
+
+
 def test_a_whole_answer_still_streams_on_the_wire(server: LoopbackServer) -> None:
     tokens: list[str] = []
     with ChatClient(server.url) as client:

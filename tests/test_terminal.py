@@ -463,8 +463,8 @@ def test_an_error_or_warning_from_the_server_is_made_visible() -> None:
 def _two_umbrellas(body: dict[str, Any]) -> dict[str, Any]:
     plan = {
         "umbrellas": [
-            {"title": "Trips", "summary": "Both trips.", "note_ids": [1, 2]},
-            {"title": "Food", "summary": "Both recipes.", "note_ids": [3, 4]},
+            {"title": "Trips", "note_ids": [1, 2]},
+            {"title": "Recipes", "note_ids": [3, 4]},
         ]
     }
     return {"content": json.dumps(plan)}
@@ -475,23 +475,22 @@ def test_a_multi_line_confirmation_is_printed_as_it_is_then_asked(
 ) -> None:
     with running_console(server_dir(tmp_path), responder=_two_umbrellas) as console:
         store = NoteStore.in_data_dir(console.data_dir)
-        for title in ("Lyon", "Paris", "Bread", "Soup"):
+        for title in ("Lyon trip", "Paris trip", "Bread recipe", "Soup recipe"):
             store.add(title, "body")
         child = spawn(console.server.url + f"?token={console.server.token}")
         child.expect(PROMPT)
         child.sendline("curator run --consolidate")
-        # The plan as its table (each umbrella's title, its summary's first
-        # line, the notes it archives), each line on a line of its own with
-        # its indentation and column alignment kept, and the y/N question only
-        # under the last one.
+        # The plan as its table (each umbrella's title and the notes it
+        # archives), each line on a line of its own with its indentation and
+        # column alignment kept, and the y/N question only under the last one.
         table = [
             "curator run will:",
-            "  create 2 umbrella notes, archiving the notes merged into them:",
-            "    new note  summary        archives",
-            "    Trips     Both trips.    #1 Lyon",
-            "                             #2 Paris",
-            "    Food      Both recipes.  #3 Bread",
-            "                             #4 Soup",
+            "  create 2 umbrella notes holding the text of the notes it archives:",
+            "    new note  archives",
+            "    Trips     #1 Lyon trip",
+            "              #2 Paris trip",
+            "    Recipes   #3 Bread recipe",
+            "              #4 Soup recipe",
         ]
         child.expect(re.escape(table[0]) + r"\r\n")
         for line in table[1:]:  # ^: right after the line before

@@ -103,16 +103,18 @@ def test_memory_add_with_tiny_timeouts_times_out_only_if_nothing_was_written(
 def _plan_responder() -> Any:
     """An umbrella over the first two notes of whatever group the curator offers.
 
-    The curator asks about one group of related notes at a time, listed
-    alone and numbered from 1; the titles are numbered so that no two
-    umbrellas of a plan, or of two plans, share one.
+    The curator asks about one group of related notes at a time, by note
+    id, and offers the group and its parts; the titles are numbered so that
+    no two umbrellas of a plan, or of two plans, share one.
     """
     made = itertools.count(1)
 
     def responder(body: dict[str, Any]) -> dict[str, Any]:
         k = next(made)
-        umbrella = {"title": f"Trips, part {k}", "summary": f"trains and hotels, group {k}"}
-        return {"content": json.dumps({"umbrellas": [{**umbrella, "notes": [1, 2]}]})}
+        schema = body["response_format"]["json_schema"]["schema"]
+        offered = schema["properties"]["umbrellas"]["items"]["properties"]["notes"]["enum"]
+        umbrella = {"title": f"Trips, part {k}", "notes": offered[0][:2]}
+        return {"content": json.dumps({"umbrellas": [umbrella]})}
 
     return responder
 

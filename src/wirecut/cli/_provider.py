@@ -84,6 +84,14 @@ def _number(
     is_flag=True,
     help="Decode up to the request's max_tokens, or without end when it gives none.",
 )
+@click.option(
+    "--multibyte-every",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Make every Nth generated word multi-byte text, a token per UTF-8 byte, so a "
+    "stream sends fewer chunks than tokens, as llama.cpp does (0: never).",
+)
 def provider(
     host: str,
     port: int,
@@ -94,6 +102,7 @@ def provider(
     prompt_batch: int,
     reply_tokens: int,
     endless: bool,
+    multibyte_every: int,
 ) -> None:
     """Run the llama.cpp-like OpenAI-compatible simulator until Ctrl+C."""
     from wirecut.simulator import SimConfig, serve_forever
@@ -106,12 +115,15 @@ def provider(
         prompt_batch=prompt_batch,
         reply_tokens=reply_tokens,
         endless=endless,
+        multibyte_every=multibyte_every,
     )
 
     def announce(base_url: str) -> None:
         mode = ", endless" if endless else ""
         if prompt_tokens_per_second is not None:
             mode += f", prompt {prompt_tokens_per_second:g} tok/s in batches of {prompt_batch}"
+        if multibyte_every:
+            mode += f", a multi-byte word in {multibyte_every}"
         click.echo(
             f"wirecut provider: {base_url} (slots={slots}, {tokens_per_second:g} tok/s{mode})"
         )

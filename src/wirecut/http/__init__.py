@@ -6,6 +6,9 @@ TLS handshake or the read it is blocked in ends at once, the worker wakes
 with ``Interrupted``, and the server sees the close. Connections are pooled
 per scope, never shared between two scopes, and a cancelled scope's idle
 connections are closed. With no scope bound, it is a plain httpx client.
+``H1Transport`` is the same promise for HTTP/1.1 streams at a fraction of
+the CPU (httptools instead of httpcore and h11): ``wirecut.provider`` streams
+through it.
 
 ``cut_as_interrupted`` is the one way the layers above turn an error that a
 cut caused into ``Interrupted``. What cannot be cut (name resolution, a Unix
@@ -18,10 +21,12 @@ from wirecut.http._backend import (
     ScopedNetworkStream,
 )
 from wirecut.http._cut import cut_as_interrupted, raise_if_cut
+from wirecut.http._h1 import H1Transport
 from wirecut.http._transport import ScopedTransport, client
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
+    "H1Transport",
     "ScopedNetworkBackend",
     "ScopedNetworkStream",
     "ScopedTransport",

@@ -67,6 +67,8 @@ class SimProcess(ChildService):
             argv += ["--prompt-batch", str(cfg.prompt_batch)]
         if cfg.endless:
             argv.append("--endless")
+        if cfg.multibyte_every:
+            argv += ["--multibyte-every", str(cfg.multibyte_every)]
         return argv
 
     def start(self, timeout: float = START_TIMEOUT) -> SimProcess:

@@ -1,5 +1,10 @@
 """A llama.cpp-like OpenAI-compatible provider, for tests, repro and bench.
 
+It serves llama.cpp's generation APIs (chat and text completions, the
+Responses API, Anthropic's Messages API) and its ``/tokenize``,
+``/detokenize``, ``/apply-template`` and ``/props``, with one tokenizer for
+every count.
+
 A separate program that shares no code with wirecut's client side (it must not
 import ``wirecut.scope``, ``wirecut.http`` or ``wirecut.provider``): it is the
 other end of the wire that those are tested against. See docs/protocol.md, "The

@@ -29,6 +29,7 @@ from wirecut.memory import (
     curate,
     format_note,
     format_notes,
+    plan_table,
 )
 
 __all__ = [
@@ -169,6 +170,7 @@ def _days(option: str, value: str) -> timedelta:
     Flag("--consolidate"),
     Flag("--dry-run"),
     Flag("--yes"),
+    Flag("--summarize"),
     Option("--stale-days", "DAYS", _days, STALE_AFTER, missing="needs a number of days"),
     Option("--archive-days", "DAYS", _days, ARCHIVE_AFTER, missing="needs a number of days"),
     summary="mark unused notes stale, archive old stale ones; --consolidate merges related notes",
@@ -178,16 +180,20 @@ def curator_run(ctx: CommandContext, args: Args) -> None:
 
     With ``--consolidate`` the model plans umbrella notes (its reply streams
     as ``token`` output with whitespace runs collapsed, its usage is
-    counted); an invalid plan fails the command with the reasons, said once
-    (in the error), and nothing is written. The confirmation shows the plan
-    as a table (``describe_run``). ``--dry-run`` prints what would change and
-    writes nothing.
+    counted); each holds its notes' own text, and with ``--summarize`` a
+    checked summary above it. An invalid plan fails the command with the
+    reasons, said once (in the error), and nothing is written. The
+    confirmation shows the plan as a table (``describe_run``). ``--dry-run``
+    prints what would change, the same table, and writes nothing.
 
     Cancellation: a cancel while the model works cuts its request; during
     the confirmation it ends the wait; before the commit it rolls the write
     back. The store is left as it was in each case.
     """
     consolidate = args["consolidate"]
+    if args["summarize"] and not consolidate:
+        raise curator_run.usage_error("--summarize needs --consolidate")
+
     # A small model's JSON may come with screens of blank lines: the user
     # sees it with every whitespace run collapsed to one space.
     streamed = blank = False
@@ -209,6 +215,7 @@ def curator_run(ctx: CommandContext, args: Args) -> None:
                 client=ctx.services.chat_client() if consolidate else None,
                 consolidate=consolidate,
                 dry_run=args["dry_run"],
+                summarize=args["summarize"],
                 confirm=None if args["yes"] else ctx.confirm,
                 stale_after=args["stale_days"],
                 archive_after=args["archive_days"],
@@ -236,8 +243,7 @@ def curator_run(ctx: CommandContext, args: Args) -> None:
     elif run.outcome is CuratorOutcome.DRY_RUN:
         lines += ["dry run, nothing was changed; a run would:", *changes]
         if run.plan is not None:
-            for i, umbrella in enumerate(run.plan.umbrellas, start=1):
-                lines.append(f"  umbrella {i} {umbrella.title!r}: {umbrella.body}")
+            lines += [f"    {line}" for line in plan_table(run.notes, run.plan)]
     elif run.outcome is CuratorOutcome.DECLINED:
         lines.append("not confirmed; nothing was changed")
     else:
