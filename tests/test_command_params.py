@@ -35,7 +35,8 @@ def test_the_usage_line_is_made_from_the_declaration() -> None:
     assert Params(Argument("P", choices=("a", "b"))).usage("probe") == "probe a|b"
     usages = {command.name: command.usage for command in builtin_commands()}
     assert usages["curator run"] == (
-        "curator run [--consolidate] [--dry-run] [--yes] [--stale-days DAYS] [--archive-days DAYS]"
+        "curator run [--consolidate] [--dry-run] [--yes] [--summarize] [--stale-days DAYS]"
+        " [--archive-days DAYS]"
     )
     assert usages["memory add"] == "memory add TITLE -- BODY"
     assert usages["sleep"] == "sleep SECONDS"
