@@ -56,8 +56,8 @@ from mcp_types import LoggingMessageNotificationParams
 
 from _procs import percentile
 from wirecut import __version__
+from wirecut.loopback import LoopbackExchange, LoopbackServer
 from wirecut.mcp import LOGGER, StopFacts
-from wirecut.simulator import LoopbackExchange, LoopbackServer
 
 ROOT = Path(__file__).resolve().parent.parent
 BOUND = 10.0

@@ -27,7 +27,7 @@ import uvicorn
 from mcp.client.stdio import StdioServerParameters
 from mcp_types import LoggingMessageNotificationParams
 
-from _poll import until
+from _support import BOUND, until
 from wirecut.mcp import LOGGER, StopFacts
 
 __all__ = [
@@ -42,8 +42,6 @@ __all__ = [
     "threads_in",
 ]
 
-#: Seconds: "promptly" on a shared, noisy machine.
-BOUND = 10.0
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
 EXAMPLE = ROOT / "examples" / "mcp_server.py"

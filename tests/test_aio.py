@@ -33,13 +33,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import wirecut.scope as ws
-from _poll import until
+from _support import BOUND, until
 from wirecut.aio import CANCEL_REASON, Unwind, cancel_on_disconnect, run_sync, unwind_of
 from wirecut.provider import ChatClient, ChatResult
 from wirecut.scope import Interrupted, InterruptScope, TimelineEvent
 from wirecut.simulator import EventKind, SimConfig, SimulatorServer
 
-BOUND = 10.0
 MESSAGES = [{"role": "user", "content": "tell me a long story"}]
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -26,6 +26,7 @@ from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
 import wirecut.scope as ws
+from _support import BOUND
 from wirecut.console.commands import CommandContext, CommandError, Services, Session, UsageError
 from wirecut.console.commands._memory import curator_run, curator_status
 from wirecut.local import LocalServer, is_available
@@ -55,7 +56,6 @@ from wirecut.provider import ChatClient, Usage
 from wirecut.scope import Interrupted, InterruptScope
 from wirecut.simulator import ScriptedReply, SimConfig, SimulatorServer
 
-BOUND = 10.0  # seconds: "promptly" on a shared, noisy machine
 LOCAL_BOUND = 120.0  # seconds for the real tiny model's plan, on a loaded machine
 DAY = 86_400.0
 NOW = 1_700_000_000.0

@@ -20,10 +20,10 @@ from _loopback import (
     self_signed,
 )
 from _promises import assert_cut_reached_the_server, assert_quiet
+from _support import BOUND
 from wirecut.http import H1Transport
 from wirecut.scope import Interrupted, InterruptScope, bind_scope
 
-BOUND = 5.0
 LONG = 60.0  # a timeout no test may reach: only a cut ends the wait within BOUND
 
 

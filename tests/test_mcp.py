@@ -34,7 +34,7 @@ import wirecut.scope
 from _loopback import Exchange, LoopbackServer
 from _mcp import BOUND, Facts, example, example_params, serve_http, threads_in
 from _pids import exited
-from _poll import until
+from _support import until
 from wirecut.mcp import FACTS_META_KEY, MCPServer, StopFacts, StopReason
 
 # -- helpers ---------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import pytest
 from _loopback import Exchange, LoopbackServer
 from _mcp import BOUND, EXAMPLE, SRC, example, serve_http, threads_in
 from _pids import exited
-from _poll import until
+from _support import until
 from wirecut.mcp import (
     McpCallInterrupted,
     McpClient,

@@ -24,10 +24,12 @@ from hypothesis import strategies as st
 
 from _console import ConsoleClient
 from _loopback import Exchange, LoopbackServer
+from _support import BOUND
 from wirecut import _json
 from wirecut.agent import http_get_tool
 from wirecut.agent._builtins import MAX_FETCH_BYTES
-from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
+from wirecut.console.server import ConsoleConfig, ConsoleServer
+from wirecut.launch import Provider
 from wirecut.provider import (
     ChatClient,
     ProviderResponseError,
@@ -38,7 +40,6 @@ from wirecut.provider import (
     iter_sse,
 )
 
-BOUND = 10.0  # seconds: a generous bound for "promptly" on a shared, noisy machine
 MESSAGES = [{"role": "user", "content": "hi"}]
 MiB = 1 << 20
 

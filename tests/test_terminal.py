@@ -36,8 +36,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 from websockets.sync.server import ServerConnection, serve
 
-from wirecut.console.commands import builtin_commands
-from wirecut.console.terminal import (
+from _support import PROCESS_BOUND as BOUND
+from wirecut.client import (
     EXIT_CANCELLED,
     EXIT_TIMEOUT,
     AddressError,
@@ -48,12 +48,13 @@ from wirecut.console.terminal import (
     timeline_chart,
     visible,
 )
-from wirecut.console.terminal._repl import CommandNames
+from wirecut.client._repl import CommandNames
+from wirecut.console.commands import builtin_commands
 from wirecut.memory import NoteStore
+from wirecut.record import NO_USAGE, CompleteFacts, Ending, LifecycleFacts, Reason
 from wirecut.simulator import SimConfig, SimulatorServer
 from wirecut.simulator._words import WORDS
 
-BOUND = 15.0  # seconds for one expected thing to show up on a shared, noisy machine
 PROMPT = "wirecut>"  # prompt_toolkit moves the cursor instead of writing the trailing space
 #: ANSI styling that may sit between two words on a terminal.
 _ANSI = r"(?:\x1b\[[0-9;?]*[ -/]*[@-~])*"
@@ -449,7 +450,7 @@ def test_an_error_or_warning_from_the_server_is_made_visible() -> None:
         RichConsole(file=err, force_terminal=True, no_color=True),
         verbose=True,
     )
-    renderer.complete({"status": "error", "error": "bad " + HOSTILE[1]}, None)
+    renderer.complete(CompleteFacts.failed("bad " + HOSTILE[1], elapsed_ms=0.0), None)
     renderer.warn("server: " + HOSTILE[0])
     renderer.question("curator run will:\n  archive " + HOSTILE[2])
     renderer.output("token", "tok " + HOSTILE[0])
@@ -849,6 +850,7 @@ def test_urls_as_serve_prints_them_or_as_websockets() -> None:
 def test_a_worker_that_did_not_exit_is_reported_as_such() -> None:
     frame = {
         "status": "cancelled",
+        "error": None,
         "reason": "user",
         "elapsed_ms": 10500.0,
         "usage": {"completion_tokens": 7, "requests": 1},
@@ -863,11 +865,12 @@ def test_a_worker_that_did_not_exit_is_reported_as_such() -> None:
             ],
         },
     }
-    line = describe_complete(frame, cancel_ms=10012.0).plain
+    facts = CompleteFacts.from_wire(frame)
+    line = describe_complete(facts, cancel_ms=10012.0).plain
     assert line == (
         "cancelled in 10.0 s · worker still running · 1 request open · 2 processes open · 7 tokens"
     )
-    chart = timeline_chart(frame)
+    chart = timeline_chart(facts)
     assert chart is not None
     assert chart.plain.splitlines()[-1].split() == [
         "worker",
@@ -881,7 +884,7 @@ def test_a_worker_that_did_not_exit_is_reported_as_such() -> None:
         "the",
         "report",
     ]
-    queued = {"status": "cancelled", "lifecycle": {"worker_exited": True, "started": False}}
+    queued = CompleteFacts.unstarted(Reason.USER, elapsed_ms=1.0)
     assert describe_complete(queued).plain.startswith("cancelled while queued · never started")
 
 
@@ -894,9 +897,17 @@ def test_a_cancel_that_came_too_late_is_said_even_when_quiet(verbose: bool) -> N
         RichConsole(file=err, force_terminal=True, no_color=True),
         verbose=verbose,
     )
-    renderer.complete({"status": "ok", "reason": None, "late_cancel": "user"}, 3.0)
+    done = CompleteFacts.ended(
+        Ending.RETURNED,
+        Reason.USER,
+        error=None,
+        elapsed_ms=3.0,
+        usage=NO_USAGE,
+        lifecycle=LifecycleFacts(True, 0, 0, True),
+    )
+    renderer.complete(done, 3.0)
     assert "too late: the command had already finished" in err.getvalue()
-    renderer.complete({"status": "ok", "reason": None, "late_cancel": None}, None)
+    renderer.complete(done.replace(late_cancel=None), None)
     assert err.getvalue().count("too late") == 1
     assert exit_code("ok") == 0  # the exit code follows the status, not the cancel
 

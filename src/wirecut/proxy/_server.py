@@ -13,14 +13,14 @@ hands over to uvicorn.
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import TracebackType
+from typing import Self
 
 import uvicorn
 
-from wirecut._uvicorn import Server, ServerThread, http_base
 from wirecut.proxy._app import create_app
 from wirecut.proxy._config import ProxyConfig
 from wirecut.proxy._proxy import Proxy
+from wirecut.serving import BackgroundServer, Server, ServerThread, http_base
 
 __all__ = ["ProxyServer", "serve_forever"]
 
@@ -42,7 +42,7 @@ def _uvicorn_config(proxy: Proxy) -> uvicorn.Config:
     )
 
 
-class ProxyServer:
+class ProxyServer(BackgroundServer):
     """A proxy served by uvicorn on a background thread, for tests and benchmarks.
 
     ::
@@ -63,7 +63,7 @@ class ProxyServer:
             _uvicorn_config(self.proxy), what="proxy", before_shutdown=self.proxy.shutdown
         )
 
-    def start(self, timeout: float = 10.0) -> ProxyServer:
+    def start(self, timeout: float = 10.0) -> Self:
         """Ask the upstream what it is, then listen (see ``ServerThread.start``)."""
         self.proxy.probe()
         self._thread.start(timeout)
@@ -75,30 +75,9 @@ class ProxyServer:
         finally:
             self.proxy.close()
 
-    def __enter__(self) -> ProxyServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     @property
-    def port(self) -> int:
-        return self._thread.address[1]
-
-    @property
-    def url(self) -> str:
-        """``http://HOST:PORT``: the proxy's root (``/health``, ``/metrics``)."""
-        return http_base(*self._thread.address)
-
-    @property
-    def base_url(self) -> str:
-        """``http://HOST:PORT/v1``: what an OpenAI client takes as its base URL."""
-        return self.url + "/v1"
+    def address(self) -> tuple[str, int]:
+        return self._thread.address
 
 
 def serve_forever(proxy: Proxy, *, on_listening: Callable[[str], None]) -> int:

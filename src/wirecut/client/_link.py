@@ -20,38 +20,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import hashlib
 import hmac
 import json
 import re
 import secrets
 from collections.abc import Callable
-from typing import Any
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
-from wirecut.console.terminal._address import Address, pid_alive
+from wirecut.client._address import Address, pid_alive
+from wirecut.record import (
+    CLOSE_FORBIDDEN_ORIGIN,
+    CLOSE_SLOW_READER,
+    CLOSE_UNAUTHORIZED,
+    DEFAULT_PROMPT,
+    CancelFrame,
+    ConfirmFrame,
+    Frame,
+    RunFrame,
+    proof,
+    read_frame,
+)
 
 __all__ = [
-    "CLOSE_FORBIDDEN_ORIGIN",
-    "CLOSE_SLOW_READER",
-    "CLOSE_UNAUTHORIZED",
     "CommandChannel",
     "Link",
     "LinkError",
     "verify_server",
 ]
 
-Frame = dict[str, Any]
-
-#: Close codes of the protocol (docs/protocol.md, ``/api/console``).
-CLOSE_UNAUTHORIZED = 4401
-CLOSE_FORBIDDEN_ORIGIN = 4403
-CLOSE_SLOW_READER = 4429
-#: The domain of ``/api/proof``'s HMAC (docs/protocol.md).
-_PROOF_DOMAIN = b"wirecut-console-proof/1"
 #: Close codes a server sends when it stops or restarts.
 _CLOSE_STOPPING = {1001, 1012}
 #: The ids ``submit`` gives: ``c1``, ``c2``, ... (one count per link).
@@ -112,7 +111,7 @@ class Link:
     @property
     def prompt(self) -> str:
         prompt = self.ready.get("prompt")
-        return prompt if isinstance(prompt, str) and prompt else "wirecut> "
+        return prompt if isinstance(prompt, str) and prompt else DEFAULT_PROMPT
 
     @property
     def version(self) -> str:
@@ -158,7 +157,7 @@ class Link:
                 f"{address.display} sent no ready frame within {open_timeout:g} s: "
                 "is it a wirecut console?"
             ) from None
-        ready = _decode(message)
+        ready = read_frame(message)
         if ready is None or ready.get("type") != "ready":
             await ws.close()
             raise LinkError(
@@ -176,11 +175,8 @@ class Link:
         self._submitted += 1
         channel = CommandChannel(self, f"c{self._submitted}", line)
         self._channels[channel.id] = channel
-        frame: Frame = {"type": "run", "id": channel.id, "line": line}
-        if time_limit is not None:
-            frame["timeout"] = time_limit
         try:
-            await self._send(frame)
+            await self._send(RunFrame(channel.id, line, time_limit).to_wire())
         except LinkError:
             del self._channels[channel.id]
             raise
@@ -201,11 +197,11 @@ class Link:
 
     async def cancel(self, id: str | None = None) -> None:
         """Ask the server to cancel ``id`` (None: every command of this connection)."""
-        await self._send({"type": "cancel"} if id is None else {"type": "cancel", "id": id})
+        await self._send(CancelFrame(id).to_wire())
 
     async def confirm(self, id: str) -> None:
         """Answer the ``confirm_required`` of ``id``: go ahead."""
-        await self._send({"type": "confirm", "id": id})
+        await self._send(ConfirmFrame(id).to_wire())
 
     async def aclose(self) -> None:
         """Close the connection (the server cancels what is still running) and wake every channel.
@@ -234,7 +230,7 @@ class Link:
     async def _read(self) -> None:
         try:
             while True:
-                frame = _decode(await self._ws.recv())
+                frame = read_frame(await self._ws.recv())
                 if frame is not None:
                     self._dispatch(frame)
         except ConnectionClosed as exc:
@@ -284,8 +280,7 @@ async def verify_server(address: Address, *, request_timeout: float = 10.0) -> N
             "was not sent; start `wirecut serve`"
         )
     challenge = secrets.token_urlsafe(32)
-    message = b"\0".join([_PROOF_DOMAIN, address.instance.encode(), challenge.encode()])
-    expected = hmac.new(address.token.encode(), message, hashlib.sha256).hexdigest()
+    expected = proof(address.token, address.instance, challenge)
     why: str | None = None
     try:
         # No proxy from the environment: serve.json names a server on this machine.
@@ -323,14 +318,6 @@ def _os_error(exc: BaseException) -> OSError:
             return cause
         cause = cause.__cause__ or cause.__context__
     return OSError(str(exc))
-
-
-def _decode(message: str | bytes) -> Frame | None:
-    try:
-        frame = json.loads(message)
-    except ValueError:
-        return None
-    return frame if isinstance(frame, dict) else None
 
 
 def _unreachable(address: Address, exc: OSError) -> str:

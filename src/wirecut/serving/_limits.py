@@ -1,4 +1,4 @@
-"""Bounds on what a TCP connection may cost the console before and after it speaks.
+"""Bounds on what a TCP connection may cost a server before and after it speaks.
 
 What uvicorn bounds itself, wirecut sets explicitly (``ConnectionLimits``):
 the size of a request head (``h11_max_incomplete_event_size``), the keep-alive
@@ -31,7 +31,7 @@ as subclasses of uvicorn's h11 and websockets-sansio protocols, with one
   ``abort``, for the console to cut a client that stopped reading.
 
 The per-connection outbox bound (``max_outbox``) is the console connection's
-(``_connection.py``). ``raise_descriptor_limit`` lifts the soft
+(``console/server/_connection.py``). ``raise_descriptor_limit`` lifts the soft
 ``RLIMIT_NOFILE`` to the hard one at start. Defaults: docs/security.md.
 
 Event loop only: the guard and the protocols belong to the server's loop.
@@ -70,7 +70,7 @@ TRANSPORT_EXTENSION = "wirecut.transport"
 
 @dataclass(frozen=True)
 class ConnectionLimits:
-    """The console's bounds on connections; the defaults are documented in docs/security.md."""
+    """A server's bounds on connections; the defaults are documented in docs/security.md."""
 
     #: Open TCP connections at most (lowered to the descriptor limit minus ``fd_reserve``).
     max_connections: int = 512

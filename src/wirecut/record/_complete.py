@@ -26,21 +26,18 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-from wirecut._record import NO_USAGE, Status, TimelineStep, UsageFacts, make_timeline
+from wirecut.record._parts import NO_USAGE, Status, TimelineStep, UsageFacts, make_timeline
 
 __all__ = [
     "COMMIT_OPEN_ERROR",
     "CompleteFacts",
+    "EndReason",
     "Ending",
-    "Lifecycle",
+    "LifecycleFacts",
     "Reason",
-    "Status",
-    "TimelineStep",
-    "UsageFacts",
     "decide",
-    "make_timeline",
 ]
 
 
@@ -83,18 +80,33 @@ class Ending(enum.Enum):
     CUT = "cut"  # Interrupted ended it, it never ran, or it had not ended by the unwind bound
 
 
+class EndReason(Protocol):
+    """Who ended a piece of work before its effect happened, and what status that gives.
+
+    The console's ``Reason`` and the proxy's ``RecordReason`` are two sets of
+    reasons under the one rule of ``decide``.
+    """
+
+    @property
+    def status(self) -> Status: ...
+
+
+R = TypeVar("R", bound=EndReason)
+
+
 def decide(
-    ending: Ending, reason: Reason | None, *, committed: bool = False, commit_open: bool = False
-) -> tuple[Status, Reason | None, Reason | None]:
-    """``(status, reason, late_cancel)`` of a command that ended as ``ending``.
+    ending: Ending, reason: R | None, *, committed: bool = False, commit_open: bool = False
+) -> tuple[Status, R | None, R | None]:
+    """``(status, reason, late_cancel)`` of work that ended as ``ending``.
 
     ``reason`` is the runner's cancel (None: none came); ``committed`` is
     True once a commit section of the work ended well, ``commit_open`` while
     one runs. A lost host is an error whatever the work did, since nobody
     saw it end; so is work whose commit had not ended when it was reported.
+    Work cut by a reason ends with that reason's ``status``.
     """
     if reason is Reason.LOST:
-        return Status.ERROR, Reason.LOST, None
+        return Status.ERROR, reason, None
     if reason is None:
         # Interrupted with no cancel of the runner's: a scope of the work's
         # own cut it, which is the work failing.
@@ -110,9 +122,11 @@ def decide(
 
 
 @dataclass(frozen=True, slots=True)
-class Lifecycle:
+class LifecycleFacts:
     """What was true of a command's worker and resources when its ``complete`` was decided.
 
+    The ``lifecycle`` field of the frame; not to be confused with the
+    console runner's ``CommandLifecycle``, the state machine of a command.
     ``None`` is "could not be confirmed either way" (a remote worker whose
     node was lost), never a guess. ``timeline`` is None for a command that
     ended by itself (no cancel came); the others are None where they do not
@@ -135,13 +149,13 @@ class Lifecycle:
     commit_open: bool = False
 
     @classmethod
-    def unstarted(cls, *, cancelled: bool) -> Lifecycle:
+    def unstarted(cls, *, cancelled: bool) -> LifecycleFacts:
         """No worker ever ran it, nothing was opened (``cancelled``: its cancel is the step)."""
         steps = (TimelineStep("cancel_requested", 0.0),) if cancelled else None
         return cls(True, 0, 0, False, timeline=steps)
 
     @classmethod
-    def unknown(cls) -> Lifecycle:
+    def unknown(cls) -> LifecycleFacts:
         """Nothing could be confirmed (its host is gone, or it was never heard of)."""
         return cls(None, None, None, None)
 
@@ -188,7 +202,7 @@ class CompleteFacts:
     elapsed_ms: float
     reason: Reason | None
     usage: UsageFacts
-    lifecycle: Lifecycle
+    lifecycle: LifecycleFacts
     late_cancel: Reason | None = None
     #: Extra fields a runner adds to the wire form (a cluster host's receipt: ``host``).
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -202,7 +216,7 @@ class CompleteFacts:
         error: str | None,
         elapsed_ms: float,
         usage: UsageFacts,
-        lifecycle: Lifecycle,
+        lifecycle: LifecycleFacts,
     ) -> CompleteFacts:
         """A command whose work ended as ``ending``; ``cancel`` is the runner's reason, if any.
 
@@ -237,7 +251,7 @@ class CompleteFacts:
             elapsed_ms,
             reason,
             NO_USAGE,
-            Lifecycle.unstarted(cancelled=True),
+            LifecycleFacts.unstarted(cancelled=True),
         )
 
     @classmethod
@@ -247,7 +261,7 @@ class CompleteFacts:
         *,
         elapsed_ms: float,
         reason: Reason | None = None,
-        lifecycle: Lifecycle | None = None,
+        lifecycle: LifecycleFacts | None = None,
         usage: UsageFacts = NO_USAGE,
     ) -> CompleteFacts:
         """It failed before (or without) running: a usage error, no host, a bug of the runner's."""
@@ -257,7 +271,7 @@ class CompleteFacts:
             elapsed_ms,
             reason,
             usage,
-            lifecycle or Lifecycle(True, 0, 0, False),
+            lifecycle or LifecycleFacts(True, 0, 0, False),
         )
 
     @classmethod
@@ -278,7 +292,7 @@ class CompleteFacts:
             UsageFacts(
                 usage.get("prompt_tokens"), usage.get("completion_tokens"), usage.get("requests")
             ),
-            Lifecycle(
+            LifecycleFacts(
                 life["worker_exited"],
                 life["open_requests"],
                 life["open_processes"],

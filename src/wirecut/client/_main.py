@@ -20,11 +20,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from wirecut.console.terminal._address import Address
-from wirecut.console.terminal._link import Link, LinkError
-from wirecut.console.terminal._render import Renderer, visible
-from wirecut.console.terminal._repl import PromptAsker, interactive
-from wirecut.console.terminal._session import (
+from wirecut.client._address import Address
+from wirecut.client._link import Link, LinkError
+from wirecut.client._render import Renderer, visible
+from wirecut.client._repl import PromptAsker, interactive
+from wirecut.client._session import (
     EXIT_CANCELLED,
     EXIT_ERROR,
     EXIT_OK,
@@ -108,7 +108,7 @@ async def _main(
         for text in [line] if line is not None else (piped or []):
             if not text:
                 continue
-            code = exit_code((await term.run(text)).get("status"))
+            code = exit_code((await term.run(text)).status)
             if term.abandoned:
                 break
         return code

@@ -15,9 +15,9 @@ stopping, is not a peer's and is not recorded. One Condition guards the record
 and is notified on every change, so a wait for it (``wait_for`` and the ones
 built on it) is bounded and never a sleep.
 
-Like the rest of the simulator this is the other end of the wire that the
-client side is tested against: stdlib only, no code path shared with
-``wirecut.scope``, ``wirecut.http`` or ``wirecut.provider``. Its threads are
+Like the simulator this is the other end of the wire that the client side
+is tested against: stdlib only, no code path shared with ``wirecut.scope``,
+``wirecut.http`` or ``wirecut.provider``. Its threads are
 plain daemon threads that belong to no scope.
 
 A server is made, waited on and stopped from any thread; a handler runs on

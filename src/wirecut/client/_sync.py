@@ -1,4 +1,4 @@
-"""A synchronous client of ``/api/console``: frames with their arrival times.
+"""The synchronous client of ``/api/console``: frames with their arrival times.
 
 ``ConsoleClient`` speaks the protocol (docs/protocol.md, "/api/console") over one
 real WebSocket (the ``websockets`` sync client). A background thread reads
@@ -6,8 +6,10 @@ the frames and stamps each with ``time.monotonic()`` as it arrives, so that
 ``repro`` and ``bench`` can measure cancel -> ``complete`` on the client's
 side of the wire. Every wait is bounded and wakes on the frame it waits for.
 
-It is the one such client of the project: the test suite's client
-(tests/_console.py) is a thin adapter over it.
+It is the one synchronous client of the project: the proof tools use it,
+and the test suite's client (tests/_console.py) is a thin adapter over it.
+The terminal's ``Link`` is its asynchronous counterpart; both build and read
+frames with ``wirecut.record``.
 
 Safe to call from any thread; the frames are kept under one condition.
 
@@ -31,11 +33,9 @@ from typing import Any
 
 from websockets.sync.client import ClientConnection, connect
 
-from wirecut.console.runner import CompleteFacts
+from wirecut.record import CancelFrame, CompleteFacts, Frame, RunFrame, read_frame
 
-__all__ = ["ConsoleClient", "Frame", "Received"]
-
-Frame = dict[str, Any]
+__all__ = ["ConsoleClient", "Received"]
 
 # How long close() waits for the reader to see the connection end.
 _READER_JOIN = 5.0
@@ -97,7 +97,9 @@ class ConsoleClient:
     def _read(self) -> None:
         try:
             for message in self.ws:
-                frame = json.loads(message)
+                frame = read_frame(message)
+                if frame is None:
+                    raise ValueError(f"not a console frame: {message!r:.80}")
                 item = Received(frame, time.monotonic())
                 with self._cond:
                     self._received.append(item)
@@ -124,15 +126,12 @@ class ConsoleClient:
     def run(self, line: str, *, id: str | None = None, timeout: float | None = None) -> str:
         """Send a ``run`` frame; return its id."""
         id = id or f"p{next(self._ids)}"
-        frame: Frame = {"type": "run", "id": id, "line": line}
-        if timeout is not None:
-            frame["timeout"] = timeout
-        self.send(frame)
+        self.send(RunFrame(id, line, timeout).to_wire())
         return id
 
     def cancel(self, id: str | None = None) -> float:
         """Cancel ``id`` (every command of this connection when None); return when it was sent."""
-        return self.send({"type": "cancel"} if id is None else {"type": "cancel", "id": id})
+        return self.send(CancelFrame(id).to_wire())
 
     def wait_for(
         self, match: Callable[[Frame], bool], timeout: float, *, id: str | None = None

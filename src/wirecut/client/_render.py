@@ -7,10 +7,11 @@ nothing to show, a transient spinner line on stderr says what runs, for how
 long, and that Ctrl+C cancels it; it disappears at the first output.
 
 After a cancel or a timeout, ``describe_complete`` states the facts of the
-``complete`` frame in one line ("cancelled in 41 ms · worker exited · 0
-requests open · 37 tokens") and ``timeline_chart`` draws the unwind steps as
-bars on one time axis. A worker that had not exited is drawn in the warning
-colour with what is still open: that is the one thing never to hide.
+``complete`` (the typed record, ``CompleteFacts``) in one line ("cancelled
+in 41 ms · worker exited · 0 requests open · 37 tokens") and
+``timeline_chart`` draws the unwind steps as bars on one time axis. A worker
+that had not exited is drawn in the warning colour with what is still open:
+that is the one thing never to hide.
 
 Text that came from the server (output, an error, a note's title, a
 confirmation) reaches a terminal only through ``visible``: a control
@@ -33,9 +34,9 @@ from rich.spinner import Spinner
 from rich.style import Style
 from rich.text import Text
 
-__all__ = ["Renderer", "describe_complete", "format_ms", "timeline_chart", "visible"]
+from wirecut.record import CompleteFacts, Reason, Status
 
-Frame = dict[str, Any]
+__all__ = ["Renderer", "describe_complete", "format_ms", "timeline_chart", "visible"]
 
 #: Seconds a command runs silently before the spinner shows (none for quick ones).
 SPINNER_AFTER = 0.25
@@ -91,77 +92,59 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _steps(frame: Frame) -> list[tuple[str, float]]:
-    lifecycle = frame.get("lifecycle") or {}
-    steps = []
-    for step in lifecycle.get("timeline") or []:
-        if isinstance(step, dict) and isinstance(step.get("ms"), int | float):
-            steps.append((str(step.get("event", "?")), float(step["ms"])))
-    return steps
-
-
-def describe_complete(frame: Frame, cancel_ms: float | None = None) -> Text:
+def describe_complete(facts: CompleteFacts, cancel_ms: float | None = None) -> Text:
     """The facts of a ``cancelled``, ``timeout`` or ``error`` complete, in one line.
 
     ``cancel_ms`` is what this client measured from sending its cancel to
     receiving the ``complete`` (None: it sent none); without it, "in N ms"
     is the server's, the last step of the unwind timeline.
     """
-    status = frame.get("status")
-    reason = frame.get("reason")
-    lifecycle = frame.get("lifecycle") or {}
-    usage = frame.get("usage") or {}
-    elapsed = frame.get("elapsed_ms")
-    steps = _steps(frame)
+    status = facts.status
+    lifecycle = facts.lifecycle
+    steps = lifecycle.timeline or ()
     line = Text()
-    if status == "cancelled" and lifecycle.get("started") is False:
+    if status is Status.CANCELLED and lifecycle.started is False:
         line.append("cancelled while queued", _WARN)
         line.append(" · never started")
-    elif status == "cancelled":
-        took = cancel_ms if cancel_ms is not None else (steps[-1][1] if steps else None)
-        by = {"shutdown": " by the server's shutdown", "timeout": " by its timeout"}.get(
-            str(reason), ""
-        )
-        line.append(f"cancelled{by}", _WARN)
+    elif status is Status.CANCELLED:
+        took = cancel_ms if cancel_ms is not None else (steps[-1].ms if steps else None)
+        by = {Reason.SHUTDOWN: " by the server's shutdown", Reason.TIMEOUT: " by its timeout"}
+        line.append(f"cancelled{by.get(facts.reason, '') if facts.reason else ''}", _WARN)
         if took is not None:
             line.append(f" in {format_ms(took)}")
-    elif status == "timeout":
+    elif status is Status.TIMEOUT:
         line.append("timed out", _WARN)
-        if isinstance(elapsed, int | float):
-            line.append(f" after {format_ms(float(elapsed))}")
+        line.append(f" after {format_ms(facts.elapsed_ms)}")
     else:
         line.append(visible(str(status)), _BAD)
-        if frame.get("error"):
-            line.append(f": {visible(str(frame['error']))}")
-    exited = lifecycle.get("worker_exited")
-    if "worker_exited" in lifecycle:
-        line.append(" · ")
-        if exited is True:
-            line.append("worker exited", _OK)
-        elif exited is None:
-            line.append("worker exit unconfirmed", _WARN)
-        else:
-            line.append("worker still running", _BAD)
-    open_requests = _int(lifecycle.get("open_requests"))
-    if "open_requests" in lifecycle:
-        line.append(" · ")
-        line.append(f"{_plural(open_requests, 'request')} open", _BAD if open_requests else None)
-    for key, noun, plural in (
-        ("open_processes", "process", "processes"),
-        ("open_threads", "thread", "threads"),
+        if facts.error:
+            line.append(f": {visible(facts.error)}")
+    exited = lifecycle.worker_exited
+    line.append(" · ")
+    if exited is True:
+        line.append("worker exited", _OK)
+    elif exited is None:
+        line.append("worker exit unconfirmed", _WARN)
+    else:
+        line.append("worker still running", _BAD)
+    open_requests = _int(lifecycle.open_requests)
+    line.append(" · ")
+    line.append(f"{_plural(open_requests, 'request')} open", _BAD if open_requests else None)
+    for count, noun, plural in (
+        (_int(lifecycle.open_processes), "process", "processes"),
+        (_int(lifecycle.open_threads), "thread", "threads"),
     ):
-        count = _int(lifecycle.get(key))
         if count:
             line.append(" · ")
             line.append(f"{_plural(count, noun, plural)} open", _BAD)
-    tokens = _int(usage.get("completion_tokens"))
-    if tokens or _int(usage.get("requests")):
+    tokens = _int(facts.usage.completion_tokens)
+    if tokens or _int(facts.usage.requests):
         line.append(f" · {_plural(tokens, 'token')}")
     return line
 
 
-def timeline_chart(frame: Frame, *, width: int = BAR_WIDTH) -> Text | None:
-    """The unwind steps of ``frame`` as bars on one axis (ms from the cancel); None if none.
+def timeline_chart(facts: CompleteFacts, *, width: int = BAR_WIDTH) -> Text | None:
+    """The unwind steps of ``facts`` as bars on one axis (ms from the cancel); None if none.
 
     ::
 
@@ -169,19 +152,19 @@ def timeline_chart(frame: Frame, *, width: int = BAR_WIDTH) -> Text | None:
         sockets shut       0.2 ms ━━━━
         worker exited      1.4 ms ━━━━━━━━━━━━━━━━━━━━━━━━━━━━
     """
-    steps = _steps(frame)
+    steps = facts.lifecycle.timeline
     if not steps:
         return None
-    longest = max(ms for _, ms in steps)
-    names = [visible(event.replace("_", " ")) for event, _ in steps]
+    longest = max(step.ms for step in steps)
+    names = [visible(step.event.replace("_", " ")) for step in steps]
     name_width = max(len(name) for name in names)
-    times = [format_ms(ms) for _, ms in steps]
+    times = [format_ms(step.ms) for step in steps]
     time_width = max(len(t) for t in times)
-    exited = (frame.get("lifecycle") or {}).get("worker_exited")
+    exited = facts.lifecycle.worker_exited
     chart = Text()
-    for (event, ms), name, shown in zip(steps, names, times, strict=True):
-        cells = round(width * ms / longest) if longest > 0 else 0
-        style = _STEP_STYLES.get(event, Style(color="blue"))
+    for step, name, shown in zip(steps, names, times, strict=True):
+        cells = round(width * step.ms / longest) if longest > 0 else 0
+        style = _STEP_STYLES.get(step.event, Style(color="blue"))
         chart.append(f"  {name:<{name_width}}  {shown:>{time_width}} ", _DIM)
         chart.append("━" * cells if cells else "▏", style)
         chart.append("\n")
@@ -259,36 +242,42 @@ class Renderer:
         else:
             self._write(self.out, data, None)
 
-    def complete(self, frame: Frame, cancel_ms: float | None) -> None:
+    def complete(self, facts: CompleteFacts, cancel_ms: float | None) -> None:
         """The command's last word: its status, and for a cancel or timeout the facts."""
         self.finish()
-        status = frame.get("status")
-        late = frame.get("late_cancel")
-        if status == "ok" and late:
+        status = facts.status
+        late = facts.late_cancel
+        if status is Status.OK and late:
             # Said even without -v: the user asked for a cancel and must learn
             # that the command's effect stands.
-            why = {"timeout": "its timeout came", "shutdown": "the server's shutdown came"}.get(
-                str(late), "the cancel came"
-            )
+            why = {
+                Reason.TIMEOUT: "its timeout came",
+                Reason.SHUTDOWN: "the server's shutdown came",
+            }
             self._print(
-                self.err, Text(f"done · {why} too late: the command had already finished", _WARN)
+                self.err,
+                Text(
+                    f"done · {why.get(late, 'the cancel came')} too late: the command had "
+                    "already finished",
+                    _WARN,
+                ),
             )
             return
-        if status == "ok":
+        if status is Status.OK:
             if self.verbose:
-                text = Text(f"ok · {format_ms(float(frame.get('elapsed_ms') or 0))}", _DIM)
-                tokens = _int((frame.get("usage") or {}).get("completion_tokens"))
+                text = Text(f"ok · {format_ms(facts.elapsed_ms)}", _DIM)
+                tokens = _int(facts.usage.completion_tokens)
                 if tokens:
                     text.append(f" · {_plural(tokens, 'token')}", _DIM)
                 self._print(self.out, text)
             return
-        if status == "error" and frame.get("reason") is None:
-            error = visible(str(frame.get("error")))
+        if status is Status.ERROR and facts.reason is None:
+            error = visible(str(facts.error))
             self._print(self.err, Text.assemble(("error", _BAD), f": {error}"))
             return
         target = self.out if self.verbose else self.err
-        self._print(target, describe_complete(frame, cancel_ms))
-        chart = timeline_chart(frame)
+        self._print(target, describe_complete(facts, cancel_ms))
+        chart = timeline_chart(facts)
         if chart is not None:
             target.print(chart, end="", soft_wrap=True, highlight=False)
 

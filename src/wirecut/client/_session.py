@@ -32,8 +32,9 @@ import enum
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
-from wirecut.console.terminal._link import CommandChannel, Link, LinkError
-from wirecut.console.terminal._render import Renderer
+from wirecut.client._link import CommandChannel, Link, LinkError
+from wirecut.client._render import Renderer
+from wirecut.record import CompleteFacts, Frame, LifecycleFacts, Reason, Status, UsageFacts
 
 __all__ = [
     "EXIT_CANCELLED",
@@ -46,8 +47,6 @@ __all__ = [
     "TerminalSession",
     "exit_code",
 ]
-
-Frame = dict[str, Any]
 
 #: ``wirecut console -c`` exit codes, by the command's status (docs/protocol.md).
 EXIT_OK = 0
@@ -126,12 +125,14 @@ class TerminalSession:
         self._tasks: set[asyncio.Task[None]] = set()
         link.on_stray = self._stray
 
-    async def run(self, line: str) -> Frame:
-        """Submit ``line`` and show it until its ``complete``, which is returned.
+    async def run(self, line: str) -> CompleteFacts:
+        """Submit ``line`` and show it until its ``complete``, whose record is returned.
 
         A run the server refused (an ``error`` frame instead of ``accepted``)
-        returns a made-up complete with status "error". Raises ``LinkError``
-        when the connection is lost first.
+        returns a record of status "error" made here; a command left without
+        waiting (the third Ctrl+C), one of status "cancelled" whose facts are
+        unknown. Raises ``LinkError`` when the connection is lost first, or
+        the server's ``complete`` is not one.
         """
         self._interrupts = 0
         self.state = LineState.SUBMITTING
@@ -194,8 +195,9 @@ class TerminalSession:
 
     # -- following one command -----------------------------------------------------------
 
-    async def _follow(self, channel: CommandChannel) -> Frame:
+    async def _follow(self, channel: CommandChannel) -> CompleteFacts:
         loop = asyncio.get_running_loop()
+        submitted = loop.time()
         held: list[Frame] = []  # frames that came while a question was open
         next_frame: asyncio.Task[Frame] | None = None
         try:
@@ -225,7 +227,7 @@ class TerminalSession:
                             "left without the server's report; closing the connection "
                             "cancelled the command on the server"
                         )
-                        return {"type": "complete", "id": channel.id, "status": "cancelled"}
+                        return _abandoned((loop.time() - submitted) * 1000)
                     raise LinkError(f"{exc} while `{channel.line}` ran") from None
                 next_frame = None
                 kind = frame.get("type")
@@ -245,12 +247,11 @@ class TerminalSession:
                     cancel_ms = None
                     if channel.cancel_sent_at is not None:
                         cancel_ms = (loop.time() - channel.cancel_sent_at) * 1000
-                    self.renderer.complete(frame, cancel_ms)
-                    return frame
+                    facts = _complete_facts(frame, channel)
+                    self.renderer.complete(facts, cancel_ms)
+                    return facts
                 if kind == "error" and not channel.accepted:
-                    message = str(frame.get("message"))
-                    refused = {"type": "complete", "id": channel.id, "status": "error"}
-                    refused["error"] = message
+                    refused = CompleteFacts.failed(str(frame.get("message")), elapsed_ms=0.0)
                     self.renderer.complete(refused, None)
                     return refused
                 self._show(channel, frame)
@@ -340,3 +341,25 @@ class TerminalSession:
         task = asyncio.get_running_loop().create_task(quietly())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _complete_facts(frame: Frame, channel: CommandChannel) -> CompleteFacts:
+    """The record of a ``complete`` frame; ``LinkError`` (one line) if it is not one."""
+    try:
+        return CompleteFacts.from_wire(frame)
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        raise LinkError(
+            f"the server's complete for `{channel.line}` is not one ({type(exc).__name__}: {exc})"
+        ) from None
+
+
+def _abandoned(elapsed_ms: float) -> CompleteFacts:
+    """A command this client left without waiting: cancelled by its user; nothing else is known."""
+    return CompleteFacts(
+        Status.CANCELLED,
+        None,
+        elapsed_ms,
+        Reason.USER,
+        UsageFacts(None, None, None),
+        LifecycleFacts.unknown(),
+    )

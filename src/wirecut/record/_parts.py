@@ -1,6 +1,6 @@
 """What every terminal record of wirecut shares: a status, usage, and an unwind timeline.
 
-The console's ``complete`` (``wirecut.console.runner.CompleteFacts``) and the
+The console's ``complete`` (``CompleteFacts``, ``_complete``) and the
 proxy's record (``wirecut.proxy.ProxyRecord``) say the same facts about
 different work, so they are made of these: ``Status`` (``cancelled`` and
 ``timeout`` promise that the effect did not happen), ``UsageFacts`` (``None``

@@ -26,10 +26,11 @@ import contextlib
 import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterator
+from urllib.parse import urlsplit
 
 import uvicorn
 
-__all__ = ["Server", "ServerThread", "http_base", "listen"]
+__all__ = ["Server", "ServerThread", "http_address", "http_base", "listen"]
 
 
 class Server(uvicorn.Server):
@@ -105,6 +106,12 @@ def listen(host: str, port: int, backlog: int, *, what: str) -> socket.socket:
 def http_base(host: str, port: int) -> str:
     """``http://HOST:PORT`` (an IPv6 address in brackets)."""
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def http_address(url: str) -> tuple[str, int]:
+    """``(host, port)`` of an ``http_base`` URL, with or without a path (``/v1``): its inverse."""
+    host, _, port = urlsplit(url).netloc.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 class ServerThread:

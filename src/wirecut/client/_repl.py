@@ -42,9 +42,9 @@ from prompt_toolkit.input.typeahead import get_typeahead, store_typeahead
 from prompt_toolkit.key_binding import KeyBindings, KeyPress, KeyPressEvent
 from prompt_toolkit.keys import Keys
 
-from wirecut.console.terminal._link import Link, LinkError
-from wirecut.console.terminal._render import Renderer
-from wirecut.console.terminal._session import EXIT_CANCELLED, TerminalSession
+from wirecut.client._link import Link, LinkError
+from wirecut.client._render import Renderer
+from wirecut.client._session import EXIT_CANCELLED, TerminalSession
 
 __all__ = ["HISTORY_FILE", "CommandKeys", "CommandNames", "PromptAsker", "interactive"]
 
