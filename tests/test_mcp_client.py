@@ -152,6 +152,22 @@ def test_a_cut_before_the_call_sends_nothing() -> None:
         assert client.call_tool("echo", {"n": 2}).content[0].text == '{"n": 2}'  # type: ignore[union-attr]
 
 
+def test_an_escalation_during_the_confirmation_wait_keeps_the_calls_record() -> None:
+    # A console escalates a worker that has not returned a moment after the cut
+    # (Interrupted raised in its thread); the worker is then waiting for the
+    # server's word. The escalation lands as that wait ends: the record must
+    # survive it, or the complete could not say what became of the call.
+    with serve_http(example.build(plain=True)) as url:
+        with McpClient(url, name="plain", confirm_timeout=0.5) as client:
+            scope, future = _in_a_worker(client, "wait", {"seconds": 2.0})
+            until(lambda: bool(threads_in(example.wait)))
+            scope.cancel("user", escalate_after=0.05)
+            error = future.exception(BOUND)
+            assert isinstance(error, McpCallInterrupted)
+            assert error.record.to_json() == {"server": "plain", "tool": "wait", "stopped": None}
+        until(lambda: not threads_in(example.wait))
+
+
 def test_a_call_timeout_stops_the_call_and_keeps_the_record() -> None:
     with _example(call_timeout=0.3) as client:
         with pytest.raises(McpTimeoutError) as caught:

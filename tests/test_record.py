@@ -11,6 +11,7 @@ from wirecut.record import (
     CompleteFacts,
     Ending,
     LifecycleFacts,
+    McpCallFacts,
     Reason,
     Status,
     TimelineStep,
@@ -120,12 +121,48 @@ def test_a_record_without_a_timeline_has_none_on_the_wire() -> None:
     assert CompleteFacts.from_wire(wire).lifecycle.timeline is None
 
 
+def test_the_mcp_calls_a_cancel_reached_go_over_the_wire_and_back() -> None:
+    calls = (
+        McpCallFacts("tools", "fetch", True),
+        McpCallFacts("tools", "wait", None),
+        McpCallFacts("other", "run", False),
+    )
+    facts = CompleteFacts.ended(
+        Ending.CUT,
+        Reason.USER,
+        error=None,
+        elapsed_ms=5.0,
+        usage=UsageFacts(),
+        lifecycle=LifecycleFacts(True, 0, 0, True),
+        mcp=calls,
+    )
+    wire = json.loads(json.dumps(facts.to_wire()))
+    assert wire["status"] == "cancelled"
+    assert wire["mcp"] == [
+        {"server": "tools", "tool": "fetch", "stopped": True},
+        {"server": "tools", "tool": "wait", "stopped": None},
+        {"server": "other", "tool": "run", "stopped": False},
+    ]
+    back = CompleteFacts.from_wire({"type": "complete", "id": "c1", **wire})
+    assert back.mcp == calls
+    assert "mcp" not in back.extra
+    assert back.to_wire() == wire
+
+
+def test_a_record_without_mcp_calls_has_no_mcp_field() -> None:
+    wire = _facts().to_wire()
+    assert "mcp" not in wire
+    assert CompleteFacts.from_wire(wire).mcp == ()
+
+
 @pytest.mark.parametrize(
     "broken",
     [
         {"status": "finished"},  # not a status
         {"reason": "bored"},  # not a reason
         {"lifecycle": {}},  # no worker_exited
+        {"mcp": [{"server": "s", "tool": "t", "stopped": "yes"}]},  # not true, false or null
+        {"mcp": [{"server": "s", "tool": "t"}]},  # no stopped
     ],
 )
 def test_from_wire_refuses_what_is_not_a_complete(broken: dict[str, Any]) -> None:

@@ -51,7 +51,7 @@ from wirecut.client import (
 from wirecut.client._repl import CommandNames
 from wirecut.console.commands import builtin_commands
 from wirecut.memory import NoteStore
-from wirecut.record import NO_USAGE, CompleteFacts, Ending, LifecycleFacts, Reason
+from wirecut.record import NO_USAGE, CompleteFacts, Ending, LifecycleFacts, McpCallFacts, Reason
 from wirecut.simulator import SimConfig, SimulatorServer
 from wirecut.simulator._words import WORDS
 
@@ -886,6 +886,27 @@ def test_a_worker_that_did_not_exit_is_reported_as_such() -> None:
     ]
     queued = CompleteFacts.unstarted(Reason.USER, elapsed_ms=1.0)
     assert describe_complete(queued).plain.startswith("cancelled while queued · never started")
+
+
+def test_the_facts_line_says_whether_each_mcp_server_stopped_its_call() -> None:
+    facts = CompleteFacts.ended(
+        Ending.CUT,
+        Reason.USER,
+        error=None,
+        elapsed_ms=2000.0,
+        usage=NO_USAGE,
+        lifecycle=LifecycleFacts(True, 0, 0, True),
+        mcp=(
+            McpCallFacts("tools", "fetch", True),
+            McpCallFacts("plain", "wait", None),
+            McpCallFacts("odd\x1b[2J", "run", False),
+        ),
+    )
+    line = describe_complete(facts, cancel_ms=2004.0).plain
+    assert line == (
+        "cancelled in 2004 ms · worker exited · 0 requests open · MCP tools/fetch stopped"
+        " · MCP plain/wait: stop unconfirmed · MCP odd\u241b[2J/run NOT stopped"
+    )
 
 
 @pytest.mark.parametrize("verbose", [True, False])

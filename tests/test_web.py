@@ -26,12 +26,15 @@ import pytest
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
 from _console import Console, gate_command, running_console, wait_health
+from _mcp import example, serve_http, threads_in
 from _page import CHROMIUM, CHROMIUM_ARGS, run
+from _support import until
+from wirecut.agent import McpServers, McpServerSpec
 from wirecut.console.commands import builtin_commands
 from wirecut.console.server import ConsoleConfig, ConsoleServer
 from wirecut.launch import Provider
 from wirecut.memory import NoteState, NoteStore
-from wirecut.simulator import SimConfig
+from wirecut.simulator import SimConfig, SimulatorServer
 
 SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "screenshot.png"
 #: Set (to anything) to write the README's screenshot; else it goes to a temporary folder.
@@ -219,6 +222,35 @@ def test_cancel_button_shows_the_facts_and_the_unwind_chart(page: Page, console:
     # Nothing of it is left busy on the server (the page's health strip reads /api/health).
     expect(page.locator(".hitem[data-key=busy] b")).to_have_text("0/4", timeout=WAIT_MS)
     expect(page.locator("#jobs li")).to_have_count(0)
+
+
+def test_the_page_lists_the_mcp_tools_and_says_whether_a_cut_call_stopped(
+    page: Page, tmp_path: Path
+) -> None:
+    def ask_for_the_tool(body: dict[str, Any]) -> Mapping[str, Any] | None:
+        call = {"name": "tools__wait", "arguments": {"seconds": 300}}
+        return {"tool_calls": [{"function": call}]}
+
+    with (
+        serve_http(example.build()) as url,
+        McpServers([McpServerSpec("tools", url)], confirm_timeout=WAIT_MS / 1000) as servers,
+        SimulatorServer(SIM, responder=ask_for_the_tool) as sim,
+    ):
+        provider = Provider(sim.base_url, None, "simulator (tests)")
+        config = ConsoleConfig(port=0, data_dir=tmp_path)
+        with ConsoleServer(config, provider, mcp=servers) as console:
+            open_console(page, console)
+            expect(page.locator(".notice-mcp")).to_have_text(
+                "MCP tools for chat — tools: fetch, run, wait"
+            )
+            block = run(page, "chat wait for me")
+            until(lambda: bool(threads_in(example.wait)))
+            block.locator(".cmd-cancel").click()
+            expect_state(block, "cancelled")
+            expect(block.locator(".facts")).to_contain_text(
+                "0 requests open · MCP tools/wait stopped"
+            )
+            expect(block.locator(".facts .fact-good")).to_contain_text(["MCP tools/wait stopped"])
 
 
 def test_escape_cancels_the_latest_command_and_the_keyboard_reaches_cancel(

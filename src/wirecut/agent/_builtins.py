@@ -17,7 +17,7 @@ import httpx
 import wirecut.http
 import wirecut.scope as ws
 from wirecut.agent._program import run_program
-from wirecut.agent._tools import Tool, ToolCallError
+from wirecut.agent._tools import Tool, ToolCallError, truncate_output
 from wirecut.scope import InterruptScope
 
 if TYPE_CHECKING:
@@ -25,8 +25,6 @@ if TYPE_CHECKING:
 
 __all__ = ["delegate_tool", "http_get_tool", "shell_tool"]
 
-#: What a tool hands back to the model at most, in characters.
-MAX_OUTPUT = 16_000
 #: The most of a page ``http_get`` reads: a page without end must not fill
 #: the memory when the model gets 16,000 characters of it anyway.
 MAX_FETCH_BYTES = 1 << 20
@@ -90,7 +88,7 @@ def shell_tool(
             run = run_program(proc, stdin.encode(), timeout)
         # A cut kills the program, which ends the run: say why it ended.
         scope.check()
-        text = _truncate(run.output.decode(errors="replace"))
+        text = truncate_output(run.output.decode(errors="replace"))
         if run.timed_out:
             report = f"error: {argv[0]} timed out after {timeout:g} s\n{text}"
         else:
@@ -129,7 +127,7 @@ def http_get_tool(
             except httpx.HTTPError as exc:
                 ws.check()  # a cut surfaces as an httpx error: report the cut
                 return f"error: {type(exc).__name__}: {exc}"
-        text = _truncate(body.decode(encoding, errors="replace"))
+        text = truncate_output(body.decode(encoding, errors="replace"))
         if more:
             text += (
                 f"\n[... the page is longer than {MAX_FETCH_BYTES} bytes; the rest was not read]"
@@ -176,9 +174,3 @@ def _read_at_most(response: httpx.Response, limit: int) -> tuple[bytes, bool]:
         if len(body) > limit:
             return bytes(body[:limit]), True
     return bytes(body), False
-
-
-def _truncate(text: str) -> str:
-    if len(text) <= MAX_OUTPUT:
-        return text
-    return text[:MAX_OUTPUT] + f"\n[... {len(text) - MAX_OUTPUT} more characters cut]"

@@ -18,7 +18,17 @@ import pydantic
 
 from wirecut import _json
 
-__all__ = ["Tool", "ToolCallError", "ToolRegistry", "tool"]
+__all__ = ["MAX_OUTPUT", "Tool", "ToolCallError", "ToolRegistry", "tool", "truncate_output"]
+
+#: What a tool hands back to the model at most, in characters.
+MAX_OUTPUT = 16_000
+
+
+def truncate_output(text: str) -> str:
+    """``text`` cut to ``MAX_OUTPUT`` characters, with a note saying how much was cut."""
+    if len(text) <= MAX_OUTPUT:
+        return text
+    return text[:MAX_OUTPUT] + f"\n[... {len(text) - MAX_OUTPUT} more characters cut]"
 
 
 class ToolCallError(Exception):

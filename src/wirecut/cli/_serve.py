@@ -5,6 +5,11 @@ accepts connections, and which provider it uses on stderr; serves until
 SIGTERM or Ctrl+C, ends every command with reason "shutdown" (each gets its
 ``complete``), stops the provider it started, and exits 0.
 
+``--mcp NAME=COMMAND|URL`` (repeatable) connects MCP servers whose tools the
+console's agents get; they are started before the console listens (one line
+each on stderr, a server that cannot be used left out) and closed, with
+their processes, after it stopped (docs/mcp.md).
+
 Secrets (the console's token, the provider's API key) come from a file or the
 environment; as a flag they still work, with one warning line, because every
 local user can read a command line (``/proc/PID/cmdline``). docs/security.md.
@@ -34,6 +39,7 @@ from wirecut.cli._options import (
 from wirecut.console._limits import RunnerLimits
 
 if TYPE_CHECKING:
+    from wirecut.agent import McpServers, McpServerSpec
     from wirecut.console.cluster import ClusterRunner
     from wirecut.console.commands import Services
     from wirecut.console.server import ConsoleConfig, ConsoleMetrics
@@ -43,6 +49,26 @@ __all__ = ["serve"]
 
 #: The runner's defaults, shown by --help (written once, in RunnerLimits).
 _RUNNER = RunnerLimits()
+
+
+def _mcp_specs(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> tuple[McpServerSpec, ...]:
+    """``--mcp`` values as specs; a malformed one or a name given twice is a usage error."""
+    if not values:
+        return ()
+    from wirecut.agent import McpServerSpec
+
+    specs: list[McpServerSpec] = []
+    for value in values:
+        try:
+            spec = McpServerSpec.parse(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+        if any(spec.name == other.name for other in specs):
+            raise click.BadParameter(f"the MCP server name {spec.name!r} is given twice")
+        specs.append(spec)
+    return tuple(specs)
 
 
 @click.command("serve")
@@ -115,6 +141,15 @@ _RUNNER = RunnerLimits()
     2.0,
     "Seconds a stopping server waits for its last frames to reach slow readers.",
 )
+@click.option(
+    "--mcp",
+    "mcp_specs",
+    multiple=True,
+    metavar="NAME=COMMAND|URL",
+    callback=_mcp_specs,
+    help="An MCP server whose tools chat's agent gets (repeatable): a command, run as a stdio "
+    "server (split as a shell would, never run through one), or a Streamable HTTP URL.",
+)
 @local_model_options(
     model_flag="--local-model",
     model_help="The embedded llama.cpp's model when no provider URL is given (default: "
@@ -142,6 +177,7 @@ def serve(
     max_outbox: int,
     head_timeout: float,
     drain_timeout: float,
+    mcp_specs: tuple[McpServerSpec, ...],
     local_model: str | None,
     local_threads: int | None,
 ) -> None:
@@ -152,6 +188,8 @@ def serve(
         raise click.UsageError(
             f"--no-token is refused on {host}: only a loopback address may go without a token"
         )
+    if mcp_specs:
+        _check_mcp(ray_address)
     if ray_address is not None:
         _check_ray(ray_address)
     check_port("serve", host, port)
@@ -183,16 +221,21 @@ def serve(
         ),
     )
     provider = _start_provider(url, source, model, data_dir, local_model, local_threads)
+    mcp: McpServers | None = None
     try:
         click.echo(f"wirecut serve: provider: {provider.label}", err=True)
         if provider.note:
             click.echo(f"wirecut serve: {provider.note}", err=True)
         _probe_provider(provider.base_url, config.api_key)
+        if mcp_specs:
+            mcp = _mcp_servers(mcp_specs, config.runner_limits.mcp_confirm_timeout)
         if ray_address is None:
-            code = serve_forever(config, provider, echo=click.echo)
+            code = serve_forever(config, provider, echo=click.echo, mcp=mcp)
         else:
             code = _serve_on_ray(ray_address, config, provider)
     finally:
+        if mcp is not None:
+            mcp.close()  # After the console: every command has its complete by now.
         provider.stop()
     sys.exit(code)
 
@@ -241,6 +284,32 @@ def _start_provider(
         click.echo(f"wirecut serve: {exc}", err=True)
         sys.exit(1)
     return provider
+
+
+def _check_mcp(ray_address: str | None) -> None:
+    """Refuse ``--mcp`` with one line where it cannot work."""
+    if ray_address is not None:
+        raise click.UsageError(
+            "--mcp cannot be used with --ray: commands run on the cluster's hosts, "
+            "which do not hold the MCP connections"
+        )
+    try:
+        import wirecut.mcp  # noqa: F401 (the SDK is the extra `mcp`)
+    except ImportError:
+        raise click.UsageError("--mcp needs the extra `mcp`: pip install 'wirecut[mcp]'") from None
+
+
+def _mcp_servers(specs: tuple[McpServerSpec, ...], confirm_timeout: float) -> McpServers:
+    """The MCP servers of ``specs``, started: one line each on stderr (a failed one left out)."""
+    from wirecut.agent import McpServers
+
+    servers = McpServers(specs, confirm_timeout=confirm_timeout)
+    try:
+        servers.start(echo=lambda line: click.echo(f"wirecut serve: {line}", err=True))
+    except BaseException:  # Ctrl+C while they start: what did start is ended.
+        servers.close()
+        raise
+    return servers
 
 
 def _provider_url(flag: str | None) -> tuple[str | None, str | None]:

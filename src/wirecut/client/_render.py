@@ -8,7 +8,8 @@ long, and that Ctrl+C cancels it; it disappears at the first output.
 
 After a cancel or a timeout, ``describe_complete`` states the facts of the
 ``complete`` (the typed record, ``CompleteFacts``) in one line ("cancelled
-in 41 ms · worker exited · 0 requests open · 37 tokens") and
+in 41 ms · worker exited · 0 requests open · MCP tools/fetch stopped · 37
+tokens") and
 ``timeline_chart`` draws the unwind steps as bars on one time axis. A worker
 that had not exited is drawn in the warning colour with what is still open:
 that is the one thing never to hide.
@@ -137,6 +138,15 @@ def describe_complete(facts: CompleteFacts, cancel_ms: float | None = None) -> T
         if count:
             line.append(" · ")
             line.append(f"{_plural(count, noun, plural)} open", _BAD)
+    for call in facts.mcp:  # Whether each MCP server stopped the call the cancel reached.
+        name = visible(f"MCP {call.server}/{call.tool}")
+        line.append(" · ")
+        if call.stopped is True:
+            line.append(f"{name} stopped", _OK)
+        elif call.stopped is False:
+            line.append(f"{name} NOT stopped", _BAD)
+        else:
+            line.append(f"{name}: stop unconfirmed", _WARN)
     tokens = _int(facts.usage.completion_tokens)
     if tokens or _int(facts.usage.requests):
         line.append(f" · {_plural(tokens, 'token')}")

@@ -9,7 +9,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["RunnerLimits"]
+__all__ = ["MCP_CONFIRM_TIMEOUT", "RunnerLimits"]
+
+#: The longest a cancelled command waits for an MCP server to confirm that it
+#: stopped a call (docs/mcp.md, "In the console").
+MCP_CONFIRM_TIMEOUT = 2.0
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,13 @@ class RunnerLimits:
         after = self.escalate_after
         if after is not None and (math.isnan(after) or after < 0):
             raise ValueError(f"escalate_after must be >= 0 seconds, not {after!r}")
+
+    @property
+    def mcp_confirm_timeout(self) -> float:
+        """Seconds a cut MCP call waits for its server's word: ``MCP_CONFIRM_TIMEOUT``, or half
+        the unwind bound when that is shorter, so that the rest of the unwind (the worker's
+        return, its other requests and processes) has the other half."""
+        return min(MCP_CONFIRM_TIMEOUT, self.unwind_timeout / 2)
 
     @property
     def escalation(self) -> float:

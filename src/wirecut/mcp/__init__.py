@@ -21,7 +21,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("wirecut.mcp needs the official MCP SDK: pip install 'wirecut[mcp]'") from exc
 
-from wirecut.mcp._client import McpClient
+from wirecut.mcp._client import ClientState, McpClient
 from wirecut.mcp._errors import (
     McpCallInterrupted,
     McpError,
@@ -38,6 +38,7 @@ __all__ = [
     "CALL_META_KEY",
     "FACTS_META_KEY",
     "LOGGER",
+    "ClientState",
     "MCPServer",
     "McpCallInterrupted",
     "McpCallRecord",

@@ -185,6 +185,9 @@ class McpClient:
     is sent), waits up to ``confirm_timeout`` seconds for the server to
     confirm the stop, closes the call's HTTP response stream if it is still
     open, and raises ``McpCallInterrupted`` with the call's ``McpCallRecord``.
+    An ``Interrupted`` that the caller's host raises in the waiting thread
+    (an escalation) keeps the record too: the outcome it raced, or
+    ``stopped`` None when the server had not answered yet.
     A ``call_timeout`` does the same and raises ``McpTimeoutError`` (its
     ``record`` attribute holds the record). ``connect()`` is cut the same
     way (``Interrupted``). The stdio server's process belongs to the client's
@@ -399,12 +402,27 @@ class McpClient:
         limit = self._call_timeout if timeout is None else timeout
         loop = self._open_loop()
         call = _Call(tool=tool)
-        outcome = self._wait_for(
-            lambda: asyncio.run_coroutine_threadsafe(
-                self._call(call, dict(arguments or {}), limit), loop
-            ),
-            on_cut=lambda reason: self._post(lambda: call.cut(reason)),
-        )
+        sent: list[concurrent.futures.Future[_Outcome]] = []
+
+        def submit() -> concurrent.futures.Future[_Outcome]:
+            coro = self._call(call, dict(arguments or {}), limit)
+            sent.append(asyncio.run_coroutine_threadsafe(coro, loop))
+            return sent[0]
+
+        try:
+            outcome = self._wait_for(
+                submit, on_cut=lambda reason: self._post(lambda: call.cut(reason))
+            )
+        except Interrupted as exc:
+            if not sent:
+                raise  # Cut before anything was sent.
+            # Raised in this thread by its host while it waited (an escalation,
+            # PyThreadState_SetAsyncExc): it lands as the wait ends, so the
+            # outcome it raced is there, and with it the call's record.
+            outcome = _landed(sent[0]) or _Outcome(
+                record=McpCallRecord(self.name, tool, stopped=None),
+                reason=call.cut_reason or exc.reason,
+            )
         if outcome.record is not None:
             if outcome.reason == "timeout":
                 raise McpTimeoutError(
@@ -712,6 +730,13 @@ async def _owning(
     """``transport``, and ``http`` closed after it (the SDK leaves a client it was given open)."""
     async with http, transport as streams:
         yield streams
+
+
+def _landed(future: concurrent.futures.Future[_Outcome]) -> _Outcome | None:
+    """The outcome of a call whose future is done with one, else None."""
+    if future.done() and not future.cancelled() and future.exception() is None:
+        return future.result()
+    return None
 
 
 def _leaf(exc: BaseException) -> BaseException:

@@ -16,6 +16,7 @@ from wirecut.record._complete import (
     Ending,
     EndReason,
     LifecycleFacts,
+    McpCallFacts,
     Reason,
     decide,
 )
@@ -81,6 +82,7 @@ __all__ = [
     "Frame",
     "FrameError",
     "LifecycleFacts",
+    "McpCallFacts",
     "PingFrame",
     "Reason",
     "RunFrame",

@@ -36,6 +36,7 @@ __all__ = [
     "EndReason",
     "Ending",
     "LifecycleFacts",
+    "McpCallFacts",
     "Reason",
     "decide",
 ]
@@ -190,6 +191,36 @@ class LifecycleFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class McpCallFacts:
+    """One MCP tool call that a command's cancel reached (an entry of the ``mcp`` field).
+
+    ``stopped`` is True only when the server confirmed the stop (a
+    ``wirecut.mcp`` server's facts say so), False when it answered the call
+    anyway or its facts say the work went on, and None when nothing could be
+    known by the report (a server that says nothing after a cancel). Like
+    ``lifecycle.commits``, an entry that is not True names an effect that may
+    have happened in spite of the cancel.
+    """
+
+    server: str
+    tool: str
+    stopped: bool | None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"server": self.server, "tool": self.tool, "stopped": self.stopped}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> McpCallFacts:
+        """Read one entry; KeyError or ValueError if it is not one."""
+        stopped = data["stopped"]
+        if stopped is not None and not isinstance(stopped, bool):
+            raise ValueError(
+                f"an mcp entry's 'stopped' must be true, false or null, not {stopped!r}"
+            )
+        return cls(str(data["server"]), str(data["tool"]), stopped)
+
+
+@dataclass(frozen=True, slots=True)
 class CompleteFacts:
     """The fields of one ``complete`` frame (all but ``type`` and ``id``).
 
@@ -204,6 +235,9 @@ class CompleteFacts:
     usage: UsageFacts
     lifecycle: LifecycleFacts
     late_cancel: Reason | None = None
+    #: The MCP tool calls the cancel reached, and whether each server stopped its
+    #: call (the ``mcp`` field; absent from the wire when there were none).
+    mcp: tuple[McpCallFacts, ...] = ()
     #: Extra fields a runner adds to the wire form (a cluster host's receipt: ``host``).
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -217,6 +251,7 @@ class CompleteFacts:
         elapsed_ms: float,
         usage: UsageFacts,
         lifecycle: LifecycleFacts,
+        mcp: tuple[McpCallFacts, ...] = (),
     ) -> CompleteFacts:
         """A command whose work ended as ``ending``; ``cancel`` is the runner's reason, if any.
 
@@ -240,6 +275,7 @@ class CompleteFacts:
             usage,
             lifecycle,
             late_cancel=late,
+            mcp=mcp,
         )
 
     @classmethod
@@ -283,7 +319,7 @@ class CompleteFacts:
         if steps is not None:
             steps = make_timeline((step["event"], step["ms"]) for step in steps)
         known = {"type", "id", "status", "error", "elapsed_ms", "reason", "late_cancel"}
-        known |= {"usage", "lifecycle"}
+        known |= {"usage", "lifecycle", "mcp"}
         return cls(
             Status(data["status"]),
             data["error"],
@@ -306,6 +342,7 @@ class CompleteFacts:
                 commit_open=bool(life.get("commit_open", False)),
             ),
             late_cancel=None if data.get("late_cancel") is None else Reason(data["late_cancel"]),
+            mcp=tuple(McpCallFacts.from_wire(entry) for entry in data.get("mcp") or ()),
             extra={k: v for k, v in data.items() if k not in known},
         )
 
@@ -319,6 +356,7 @@ class CompleteFacts:
             "late_cancel": None if self.late_cancel is None else str(self.late_cancel),
             "usage": self.usage.to_wire(),
             "lifecycle": self.lifecycle.to_wire(),
+            **({"mcp": [call.to_wire() for call in self.mcp]} if self.mcp else {}),
             **self.extra,
         }
 

@@ -30,6 +30,11 @@ def help_(ctx: CommandContext, args: Args) -> None:
         ctx.write(f"{found.usage:<{width}}  {found.summary}\n")
     if ctx.services.provider_label:
         ctx.write(f"\nprovider: {ctx.services.provider_label}\n")
+    mcp = ctx.services.mcp
+    if mcp is not None and len(mcp):
+        ctx.write("\nMCP servers (chat offers their tools to the model):\n")
+        for line in mcp.lines():
+            ctx.write(f"  {line}\n")
 
 
 def _seconds(word: str) -> float:
@@ -73,10 +78,13 @@ def chat(ctx: CommandContext, args: Args) -> None:
         return
     with ctx.session.lock:
         history = list(ctx.session.chat_history)
+    mcp = ctx.services.mcp
     agent = AIAgent(
         ctx.services.chat_client(),
         model=ctx.services.model,
         system_prompt=CHAT_SYSTEM_PROMPT,
+        # Each call a cancel reaches is kept for the complete's "mcp".
+        tools=mcp.tools(ctx.mcp_calls) if mcp is not None else (),
         max_tokens=ctx.services.max_tokens,
     )
     result = agent.run_conversation(args["text"], history=history, on_token=ctx.token)

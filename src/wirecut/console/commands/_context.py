@@ -26,10 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from wirecut.agent import McpCalls
 from wirecut.provider import DEFAULT_MAX_TOKENS, ProviderSpec
 from wirecut.scope import InterruptScope
 
 if TYPE_CHECKING:
+    from wirecut.agent import McpServers
     from wirecut.console.commands._registry import CommandSet
     from wirecut.memory import NoteStore
     from wirecut.provider import Chat, Usage
@@ -68,7 +70,9 @@ class Services:
 
     ``chat_client()`` returns the configured provider's client (cuttable
     under the bound scope); ``model`` is the model name to ask for, if any;
-    ``provider_label`` says which provider it is, for ``help`` and errors.
+    ``provider_label`` says which provider it is, for ``help`` and errors;
+    ``mcp`` are the MCP servers whose tools agents get (``serve --mcp``),
+    started and closed by the server's owner.
     """
 
     #: None where commands run away from the store (a cluster's command host).
@@ -78,13 +82,19 @@ class Services:
     provider_label: str = ""
     #: max_tokens for one chat reply (the local model pads until it).
     max_tokens: int = DEFAULT_MAX_TOKENS
+    mcp: McpServers | None = None
 
     @classmethod
     def of(
-        cls, store: NoteStore | None, provider: ProviderSpec, chat_client: Callable[[], Chat]
+        cls,
+        store: NoteStore | None,
+        provider: ProviderSpec,
+        chat_client: Callable[[], Chat],
+        *,
+        mcp: McpServers | None = None,
     ) -> Services:
         """The services of a console over ``provider`` (its model, label and reply bound)."""
-        return cls(store, chat_client, provider.model, provider.label, provider.max_tokens)
+        return cls(store, chat_client, provider.model, provider.label, provider.max_tokens, mcp)
 
 
 class CommandContext:
@@ -93,6 +103,8 @@ class CommandContext:
     Used from the command's worker thread (and from threads it started through
     the scope). ``write``, ``token`` and ``add_usage`` are safe from any of
     them; ``confirm`` blocks the calling thread until the client answers.
+    ``mcp_calls`` records the command's MCP tool calls that a cancel reached
+    (give it to ``services.mcp.tools()``): its ``complete`` lists them.
     """
 
     def __init__(
@@ -107,6 +119,7 @@ class CommandContext:
         confirm: Callable[[str], bool],
         add_usage: Callable[[Usage], None],
         commands: CommandSet | None = None,
+        mcp_calls: McpCalls | None = None,
     ) -> None:
         self.id = id
         self.line = line
@@ -119,6 +132,7 @@ class CommandContext:
             commands = builtin_commands()
         #: The commands of the runner that runs this one (``help`` lists them).
         self.commands = commands
+        self.mcp_calls = mcp_calls if mcp_calls is not None else McpCalls()
         self._output = output
         self._confirm = confirm
         self._add_usage = add_usage

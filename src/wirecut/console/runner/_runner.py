@@ -30,6 +30,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from wirecut.agent import McpCalls
 from wirecut.console.commands import (
     CommandContext,
     CommandError,
@@ -83,6 +84,8 @@ class LocalCommand(CommandRecord):
     usage: Usage = field(default_factory=Usage)
     usage_lock: threading.Lock = field(default_factory=threading.Lock)
     confirm_event: threading.Event | None = None
+    #: Its MCP tool calls that a cancel reached (the complete's ``mcp``).
+    mcp_calls: McpCalls = field(default_factory=McpCalls)
     #: What a callable's work returned (``submit_call``).
     result: Any = None
 
@@ -236,6 +239,7 @@ class ThreadPlacement(Placement[LocalCommand]):
             elapsed_ms=command.elapsed_ms,
             usage=usage,
             lifecycle=lifecycle,
+            mcp=command.mcp_calls.report(),
         )
 
     # -- health ---------------------------------------------------------------------------
@@ -277,6 +281,7 @@ class ThreadPlacement(Placement[LocalCommand]):
             output=output.write,
             confirm=lambda message: self._ask_confirm(command, message),
             add_usage=lambda usage: _add_usage(command, usage),
+            mcp_calls=command.mcp_calls,
         )
         work = command.work
 

@@ -33,6 +33,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
+from wirecut.agent import McpServers
 from wirecut.console.runner import Runner, route_stdio
 from wirecut.console.server._access import HostGuard, HostPolicy
 from wirecut.console.server._catalog import catalog
@@ -70,6 +71,8 @@ class ConsoleState:
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     #: The server's connections (None until a server is built around the app).
     guard: ConnectionGuard | None = None
+    #: The MCP servers whose tools the agents get (``/api/commands`` lists them).
+    mcp: McpServers | None = None
 
     def authorized(self, conn: HTTPConnection) -> bool:
         if self.token is None:
@@ -144,7 +147,7 @@ def create_app(state: ConsoleState) -> Starlette:
     async def commands(request: Request) -> Response:
         if not state.authorized(request):
             return JSONResponse({"error": "a valid token is required"}, status_code=401)
-        return JSONResponse(catalog(state.runner.commands))
+        return JSONResponse(catalog(state.runner.commands, state.mcp))
 
     async def metrics(request: Request) -> Response:
         if not state.authorized(request):

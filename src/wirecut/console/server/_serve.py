@@ -39,6 +39,7 @@ from typing import Any, Self
 
 import uvicorn
 
+from wirecut.agent import McpServers
 from wirecut.console.commands import CommandSet, Services
 from wirecut.console.runner import CommandRunner, Runner, RunnerLimits
 from wirecut.console.server._access import HostPolicy
@@ -136,17 +137,19 @@ def build_state(
     *,
     runner: RunnerFactory | None = None,
     commands: CommandSet | None = None,
+    mcp: McpServers | None = None,
 ) -> ConsoleState:
     """The runner, services and metrics of one console over ``provider``.
 
     ``runner`` makes the runner (default: a ``CommandRunner`` per ``config``,
-    accepting ``commands``, by default the built-in ones).
+    accepting ``commands``, by default the built-in ones). ``mcp``: the MCP
+    servers whose tools the agents get, started (and closed) by the caller.
     """
     from wirecut.memory import NoteStore
 
     spec = config.provider_spec(provider)
     client = spec.client()
-    services = Services.of(NoteStore.in_data_dir(config.data_dir), spec, lambda: client)
+    services = Services.of(NoteStore.in_data_dir(config.data_dir), spec, lambda: client, mcp=mcp)
     metrics = ConsoleMetrics()
     # How long a cut request kept its provider slot (docs/cancellation-limits.md).
     metrics.slot_watch = SlotWatch(
@@ -168,6 +171,7 @@ def build_state(
         token=config.token,
         hosts=HostPolicy.for_bind(config.host, config.allowed_hosts),
         limits=config.limits,
+        mcp=mcp,
     )
     state.guard = ConnectionGuard(config.limits, config.limits.connections_for(descriptor_limit()))
     metrics.registry.register(_ConnectionCollector(state))
@@ -252,7 +256,7 @@ class ConsoleServer(BackgroundServer):
 
     ``stop()`` ends every command with reason "shutdown" (each gets its
     ``complete``), then stops uvicorn and joins its thread; it does not stop
-    the provider, which the caller passed in and owns.
+    the provider or the MCP servers, which the caller passed in and owns.
     """
 
     def __init__(
@@ -262,10 +266,11 @@ class ConsoleServer(BackgroundServer):
         *,
         runner: RunnerFactory | None = None,
         commands: CommandSet | None = None,
+        mcp: McpServers | None = None,
     ) -> None:
         self.config = config
         self.provider = provider
-        self.state = build_state(config, provider, runner=runner, commands=commands)
+        self.state = build_state(config, provider, runner=runner, commands=commands, mcp=mcp)
         self._thread = ServerThread(
             _uvicorn_config(self.state, config.host, config.port),
             what="console",
@@ -312,16 +317,17 @@ def serve_forever(
     *,
     echo: Callable[[str], None],
     runner: RunnerFactory | None = None,
+    mcp: McpServers | None = None,
 ) -> int:
     """``wirecut serve``: serve in the main thread until SIGTERM or Ctrl+C; returns the exit code.
 
     Prints the banner once connections are accepted, writes ``serve.json``
     (mode 0600) into the data directory and removes it at exit. ``runner``
-    as for ``build_state``.
+    and ``mcp`` as for ``build_state``.
     """
     # Before the state: the connection cap is fitted to the limit in force.
     raise_descriptor_limit()
-    state = build_state(config, provider, runner=runner)
+    state = build_state(config, provider, runner=runner, mcp=mcp)
     info_path = config.data_dir / SERVE_JSON
     wrote: list[Path] = []
 

@@ -1,5 +1,6 @@
-// What the server says it can do: its commands (for Tab) and the words for the
-// steps of an unwind timeline, from GET /api/commands (docs/protocol.md).
+// What the server says it can do: its commands (for Tab), its MCP servers' tools
+// and the words for the steps of an unwind timeline, from GET /api/commands
+// (docs/protocol.md).
 //
 // The page copies neither list: a server with a new command or a new timeline
 // event is completed and labelled without a new page. Until the catalog has
@@ -15,6 +16,8 @@ export class Catalog {
     this.commands = new Map();
     /** "sockets_shut" -> "sockets shut" */
     this.labels = new Map();
+    /** [{server, status, error, tools: [{name, tool, description}]}] */
+    this.mcp = [];
   }
 
   /** Fetch the catalog once; true when it came. Never throws: the page works without it. */
@@ -42,6 +45,19 @@ export class Catalog {
       if (typeof label === "string") labels.set(event, label);
     }
     this.labels = labels;
+    this.mcp = (Array.isArray(catalog?.mcp) ? catalog.mcp : [])
+      .filter((entry) => entry && typeof entry.server === "string");
+  }
+
+  /** "MCP tools for chat — tools: fetch, run · web: not used (why)"; "" without servers. */
+  mcpWords() {
+    if (!this.mcp.length) return "";
+    const parts = this.mcp.map((entry) => {
+      const tools = (Array.isArray(entry.tools) ? entry.tools : []).map((t) => String(t.tool));
+      if (entry.status === "ready") return `${entry.server}: ${tools.join(", ") || "no tools"}`;
+      return `${entry.server}: not used${entry.error ? ` (${entry.error})` : ""}`;
+    });
+    return `MCP tools for chat — ${parts.join(" · ")}`;
   }
 
   /** The words for one step of an unwind timeline. */

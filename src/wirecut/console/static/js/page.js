@@ -208,6 +208,8 @@ export class ConsolePage {
         document.createTextNode(" for the commands. Each command runs in its own block; "
           + "Cancel stops it for real and shows how the unwind went."),
       );
+      const mcp = this.catalog.mcpWords();
+      if (mcp) this.notice(mcp, "mcp");
     }
     this.onConnected();
     this.health.poll();

@@ -29,7 +29,7 @@ export function lateCancelLine(frame) {
   return h("div", "cmd-facts late-cancel", text);
 }
 
-/** "cancelled in 41 ms · worker exited · 0 requests open · 37 tokens" */
+/** "cancelled in 41 ms · worker exited · 0 requests open · MCP tools/fetch stopped · 37 tokens" */
 export function factsLine(frame) {
   const lc = frame.lifecycle || {};
   const timeline = Array.isArray(lc.timeline) ? lc.timeline : [];
@@ -65,6 +65,13 @@ export function factsLine(frame) {
   const openThreads = Number(lc.open_threads || 0);
   if (openThreads > 0) {
     items.push({ text: `${plural(openThreads, "thread", "threads")} open`, tone: "warn" });
+  }
+  // Each MCP tool call the cancel reached, and whether its server stopped it.
+  for (const call of Array.isArray(frame.mcp) ? frame.mcp : []) {
+    const name = `MCP ${call.server}/${call.tool}`;
+    if (call.stopped === true) items.push({ text: `${name} stopped`, tone: "good" });
+    else if (call.stopped === false) items.push({ text: `${name} NOT stopped`, tone: "warn" });
+    else items.push({ text: `${name}: stop unconfirmed`, tone: "warn" });
   }
   const tokens = Number((frame.usage && frame.usage.completion_tokens) || 0);
   items.push({ text: plural(tokens, "token", "tokens") });
