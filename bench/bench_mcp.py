@@ -388,7 +388,7 @@ def main() -> None:
         "confirmed the stop.",
     )
     table = made.table(
-        f"{args.trials} cancels a row",
+        "Cancel -> the tool's work stopped",
         [
             "server",
             "tool",
