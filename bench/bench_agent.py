@@ -1,6 +1,7 @@
 """Benchmark cutting an agent turn: ``host.cancel()`` -> ``run_conversation`` returned.
 
-Run: ``python bench/bench_agent.py [--trials 100]``. Each trial runs a turn on
+Run: ``python bench/bench_agent.py [--trials 100] [--warmup 1] [--out DIR]``.
+Each trial runs a turn on
 a thread owned by a host scope (as a host does), waits with a bound until the
 turn is blocked at one point (the model streaming, the header wait of a
 non-streaming call, a tool's subprocess, the same with a descendant that
@@ -10,8 +11,9 @@ child agent's stream), cancels,
 and measures until ``run_conversation`` returned in that thread. Real sockets,
 threads and processes against an in-process simulator.
 
-Prints a Markdown table; asserts nothing (the targets are checked by reading
-it: p99 under 50 ms, except ``shell``, bounded by the SIGTERM -> SIGKILL grace).
+Prints a Markdown table (``--out DIR`` writes it as ``DIR/bench_agent.json``
+for docs/benchmarks.md); asserts nothing (the targets are in the table: p99
+under 50 ms, except ``shell``, bounded by the SIGTERM -> SIGKILL grace).
 """
 
 from __future__ import annotations
@@ -25,12 +27,15 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import wirecut.scope as ws
+from _procs import percentile
+from _report import Report
 from wirecut.agent import AIAgent, ConversationResult, ConversationStatus, delegate_tool, shell_tool
 from wirecut.provider import ChatClient
 from wirecut.scope import InterruptScope
@@ -367,43 +372,82 @@ def measure(lab: Lab, blocked: Blocked, tally: Tally) -> None:
             tally.provider_closed += 1
 
 
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def _ms(samples: list[float], q: float | None) -> str:
     if not samples:
         return "-"
     value = max(samples) if q is None else percentile(samples, q)
+    assert value is not None
     return f"{value * 1e3:.2f} ms"
 
 
-def rows(tallies: Mapping[str, Tally]) -> Iterator[str]:
-    yield (
-        "| blocked in | p50 | p99 | max | target | interrupted | provider saw close | ledger zero |"
+def report(tallies: Mapping[str, Tally], trials: int, threads: tuple[int, int, int]) -> Report:
+    """The table of ``tallies``, and what the run left (``threads``: before, with server, after)."""
+    problems = [
+        f"{mode.name}: {t.not_blocked} never blocked, {t.hung} hung (> {RETURN_WITHIN:g} s), "
+        f"ledger left: {t.leftovers[:3]}."
+        for mode in MODES
+        if (t := tallies[mode.name]).not_blocked or t.hung or t.leftovers
+    ]
+    made = Report(
+        "bench_agent",
+        "Cutting an agent turn",
+        "A turn on a thread of a host scope, blocked at one point (the model streaming, a "
+        "non-streaming call's header wait, a tool's subprocess, one whose descendant "
+        "escaped the group, `scope.sleep`, a thread the tool spawned, a delegated child "
+        "agent), cancelled by the host: cancel -> `run_conversation` returned, whether "
+        "the provider (an in-process simulator) saw the close, and whether the host's "
+        "ledger drained.",
     )
-    yield "|---|---|---|---|---|---|---|---|"
+    table = made.table(
+        f"host.cancel() -> run_conversation returned, {trials} trials a row",
+        [
+            "blocked in",
+            "p50",
+            "p99",
+            "max",
+            "target",
+            "interrupted",
+            "provider saw close",
+            "ledger zero",
+        ],
+        note=" ".join(
+            [
+                *problems,
+                f"Threads alive: {threads[0]} before, {threads[1]} with the server up, "
+                f"{threads[2]} after the trials.",
+            ]
+        ),
+    )
     for mode in MODES:
         t = tallies[mode.name]
         n = t.trials
-        closed = f"{t.provider_closed}/{n}" if mode.in_flight else "n/a (none in flight)"
-        yield (
-            f"| {mode.name} | {_ms(t.latencies, 0.5)} | {_ms(t.latencies, 0.99)} "
-            f"| {_ms(t.latencies, None)} | {mode.target} | {t.interrupted}/{n} "
-            f"| {closed} | {t.ledger_zero}/{n} |"
+        table.add(
+            mode.name,
+            _ms(t.latencies, 50),
+            _ms(t.latencies, 99),
+            _ms(t.latencies, None),
+            mode.target,
+            f"{t.interrupted}/{n}",
+            f"{t.provider_closed}/{n}" if mode.in_flight else "n/a (none in flight)",
+            f"{t.ledger_zero}/{n}",
         )
+    made.data = {
+        "settings": {"trials": trials, "shell_grace_s": SHELL_GRACE},
+        "tallies": {name: asdict(tally) for name, tally in tallies.items()},
+        "threads": {"before": threads[0], "with_server": threads[1], "after": threads[2]},
+    }
+    return made
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument(
         "--warmup", type=int, default=1, help="untimed trials per mode (connections, imports)"
     )
+    parser.add_argument("--out", type=Path, help="write bench_agent.json into this folder")
     args = parser.parse_args()
 
-    started = time.perf_counter()
     threads_before = threading.active_count()
     tallies = {mode.name: Tally() for mode in MODES}
     with tempfile.TemporaryDirectory() as tmp:
@@ -412,30 +456,16 @@ def main() -> None:
         with Lab(fifo) as lab:
             threads_with_server = threading.active_count()
             for mode in MODES:
+                print(f"{mode.name} ...", file=sys.stderr, flush=True)
                 for _ in range(args.warmup):
                     one_trial(lab, mode, Tally())
                 for _ in range(args.trials):
                     one_trial(lab, mode, tallies[mode.name])
             threads_after = threading.active_count()
-    elapsed = time.perf_counter() - started
-
-    print(f"cancel -> run_conversation returned, {args.trials} trials per row")
-    print()
-    for row in rows(tallies):
-        print(row)
-    print()
-    for mode in MODES:
-        t = tallies[mode.name]
-        if t.not_blocked or t.hung or t.leftovers:
-            print(
-                f"- {mode.name}: {t.not_blocked} never blocked, {t.hung} hung "
-                f"(> {RETURN_WITHIN:g} s), ledger left: {t.leftovers[:3]}"
-            )
-    print(
-        f"- threads alive: {threads_before} before, {threads_with_server} with the server up, "
-        f"{threads_after} after the trials"
-    )
-    print(f"- total runtime: {elapsed:.1f} s")
+    made = report(tallies, args.trials, (threads_before, threads_with_server, threads_after))
+    made.print()
+    if args.out:
+        made.write(args.out)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Cancel an asyncio task blocked in a model request: ``wirecut.aio.run_sync`` and the usual APIs.
 
-Run: ``python bench/bench_aio.py [--trials 32] [--window 1.0]``. Prints a
-Markdown table and asserts nothing.
+Run: ``python bench/bench_aio.py [--trials 32] [--window 1.0] [--out DIR]``.
+Prints a Markdown table (``--out DIR`` writes it as ``DIR/bench_aio.json``
+for docs/benchmarks.md) and asserts nothing.
 
 The simulator (``wirecut provider``, its own process, 64 slots) streams at
 400 tokens/s up to ``max_tokens`` 400. Each trial starts N tasks at once,
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import threading
 import time
@@ -33,6 +33,7 @@ import anyio.to_thread
 import httpx
 
 from _procs import Process, percentile
+from _report import Report
 from wirecut.aio import run_sync
 from wirecut.provider import ChatClient
 
@@ -161,7 +162,7 @@ def _notify(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
         loop.call_soon_threadsafe(event.set)
 
 
-def _row(sim: Sim, name: str, at_once: int, trials: int, window: float) -> list[str]:
+def _row(sim: Sim, name: str, at_once: int, trials: int, window: float) -> dict[str, Any]:
     latencies: list[float] = []
     still_running = 0
     closes = 0
@@ -175,25 +176,22 @@ def _row(sim: Sim, name: str, at_once: int, trials: int, window: float) -> list[
                 if event["kind"] == "peer_closed":
                     t = event["detail"].get("t_disconnect") or event["t"]
                     closes += t - cancelled_at <= window
-    n = len(latencies)
-    ms = [x * 1000 for x in latencies]
-    p50, p99 = percentile(ms, 50), percentile(ms, 99)
-    return [
-        name,
-        str(at_once),
-        str(n),
-        f"{p50:.2f} / {p99:.2f} ms" if p50 is not None and p99 is not None else "-",
-        f"{closes}/{n}",
-        f"{still_running}/{n}",
-    ]
+    return {
+        "api": name,
+        "at_once": at_once,
+        "trials": len(latencies),
+        "cancel_to_returned_ms": [round(x * 1000, 4) for x in latencies],
+        "provider_saw_close": closes,
+        "still_running": still_running,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=32)
     parser.add_argument("--window", type=float, default=1.0)
+    parser.add_argument("--out", type=Path, help="write bench_aio.json into this folder")
     args = parser.parse_args()
-    print(f"uptime: {os.getloadavg()}; cpus: {os.cpu_count()}")
     sim = Sim()
     rows = []
     try:
@@ -202,18 +200,45 @@ def main() -> None:
                 rows.append(_row(sim, name, at_once, args.trials, args.window))
     finally:
         sim.stop()
-    head = [
-        "API",
-        "tasks at once",
-        "trials",
-        "cancel -> await returned p50 / p99",
-        f"provider saw the close (<= {args.window:g} s)",
-        "thread still running at return",
-    ]
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
+    made = Report(
+        "bench_aio",
+        "Cancelling an asyncio task blocked in a model request",
+        "Tasks each awaiting a streaming `ChatClient.chat` on a thread, through "
+        "`wirecut.aio.run_sync`, `asyncio.to_thread`, `loop.run_in_executor` or anyio's "
+        "`abandon_on_cancel`, cancelled once every request has its first token (the "
+        "simulator, its own process, streaming at 400 tokens/s): cancel -> the `await` "
+        "raised, whether the simulator saw the client close within the window, and "
+        "whether the thread was still running when the `await` returned.",
+    )
+    table = made.table(
+        "Cancel -> the await returned",
+        [
+            "API",
+            "tasks at once",
+            "trials",
+            "cancel -> await returned p50 / p99",
+            f"provider saw the close (<= {args.window:g} s)",
+            "thread still running at return",
+        ],
+    )
     for row in rows:
-        print("| " + " | ".join(row) + " |")
+        ms, n = row["cancel_to_returned_ms"], row["trials"]
+        p50, p99 = percentile(ms, 50), percentile(ms, 99)
+        table.add(
+            row["api"],
+            row["at_once"],
+            n,
+            f"{p50:.2f} / {p99:.2f} ms" if p50 is not None and p99 is not None else "-",
+            f"{row['provider_saw_close']}/{n}",
+            f"{row['still_running']}/{n}",
+        )
+    made.data = {
+        "settings": {"trials": args.trials, "window_s": args.window, "max_tokens": MAX_TOKENS},
+        "rows": rows,
+    }
+    made.print()
+    if args.out:
+        made.write(args.out)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Benchmark cancel on a Ray cluster: the cluster runner, the local runner, ``ray.cancel`` alone.
 
-Run: ``python bench/bench_cluster.py [--samples 64]`` (needs the extra ``ray``
-and the ``ray`` command). It starts a two-node Ray cluster on loopback
+Run: ``python bench/bench_cluster.py [--samples 64] [--systems ...] [--scenarios ...]
+[--concurrency 1,16,64] [--out DIR]`` (needs the extra ``ray`` and the ``ray``
+command). It starts a two-node Ray cluster on loopback
 (``tests/_ray_cluster.py``: 127.0.0.2 and 127.0.0.3, 1 CPU each), and the
 simulator as its own process (``wirecut provider``). For each system and
 each concurrency it starts that many chat requests, waits until every one of
@@ -34,13 +35,13 @@ row measured right after one shared the machine with that work.
 
 The scenarios: ``stream`` (tokens are flowing) and ``prefill`` (the request
 waits for its first token, 8 s of simulated prompt: no byte arrives).
-Prints a Markdown table; asserts nothing.
+Prints a Markdown table (``--out DIR`` writes it as ``DIR/bench_cluster.json``
+for docs/benchmarks.md); asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 import sys
@@ -57,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from _console import ConsoleClient
 from _procs import Process, percentile
 from _ray_cluster import WORKER_IP, RayCluster
+from _report import Report
 from wirecut.proof import SimProcess
 from wirecut.simulator import SimConfig
 
@@ -364,7 +366,7 @@ def main() -> None:
     )
     parser.add_argument("--scenarios", default="stream,prefill", help="stream, prefill")
     parser.add_argument("--concurrency", default="1,16,64", help="commands at once")
-    parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
+    parser.add_argument("--out", type=Path, help="write bench_cluster.json into this folder")
     args = parser.parse_args()
     rows = run(
         args.samples,
@@ -372,20 +374,48 @@ def main() -> None:
         [s.strip() for s in args.scenarios.split(",")],
         tuple(int(n) for n in args.concurrency.split(",")),
     )
-    print(
-        "| scenario | system | at once | trials | cancel -> complete p50 | p99 "
-        "| cancel -> provider close p50 | p99 | close never seen | false cancelled |"
+    made = Report(
+        "bench_cluster",
+        "Cancel on a Ray cluster",
+        "A two-node Ray cluster on loopback and the simulator (its own process): chat "
+        "requests cancelled in bursts while streaming or in an 8 s prompt, through "
+        "`wirecut serve` (local runner), `wirecut serve --ray` (command hosts on both "
+        "nodes), and `ray.cancel` on an actor call or a task that streams with httpx: "
+        "cancel -> the system's answer, cancel -> the provider saw the close (within "
+        f"{WINDOW:g} s), and answers that said cancelled while the provider went on.",
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    table = made.table(
+        "Cancel on a cluster",
+        [
+            "scenario",
+            "system",
+            "at once",
+            "trials",
+            "cancel -> complete p50",
+            "p99",
+            "cancel -> provider close p50",
+            "p99",
+            "close never seen",
+            "false cancelled",
+        ],
+    )
     for r in rows:
-        print(
-            f"| {r['scenario']} | {r['system']} | {r['concurrency']} | {r['trials']} "
-            f"| {fmt(r['complete_p50'], r['complete_never'])} | {fmt(r['complete_p99'], 0)} "
-            f"| {fmt(r['close_p50'], 0)} | {fmt(r['close_p99'], 0)} "
-            f"| {r['close_never']} | {r['false_cancelled']} |"
+        table.add(
+            r["scenario"],
+            r["system"],
+            r["concurrency"],
+            r["trials"],
+            fmt(r["complete_p50"], r["complete_never"]),
+            fmt(r["complete_p99"], 0),
+            fmt(r["close_p50"], 0),
+            fmt(r["close_p99"], 0),
+            r["close_never"],
+            r["false_cancelled"],
         )
-    if args.json:
-        print(json.dumps(rows))
+    made.data = {"settings": {"samples": args.samples, "window_s": WINDOW}, "rows": rows}
+    made.print()
+    if args.out:
+        made.write(args.out)
 
 
 if __name__ == "__main__":

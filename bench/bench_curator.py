@@ -1,7 +1,8 @@
 """Benchmark consolidation on the embedded default model: does the curator write only what
 the notes say?
 
-Run: ``python bench/bench_curator.py [--stores 20] [--model smollm2] [--summarize]``.
+Run: ``python bench/bench_curator.py [--stores 20] [--model smollm2] [--summarize]
+[--out DIR]``.
 Builds ``--stores`` seeded note stores. Store 0 is the one of issue 37 (three
 notes about a sourdough starter, three about a bike, a dentist appointment, a
 shopping list); the others hold two to four *topics* of two or three notes
@@ -35,8 +36,10 @@ Prints a Markdown table of what the plans would have written:
   completion tokens per plan, and the machine's load.
 
 These checks are the bench's own, written apart from ``validate_plan`` so
-that they measure it. Asserts nothing; read the table. With ``--verbose`` it
-also prints each plan and why an invalid one was refused.
+that they measure it. Asserts nothing; read the table (``--out DIR`` writes
+it as ``DIR/bench_curator.json`` for docs/benchmarks.md, each plan's figures
+in its data). With ``--verbose`` it also prints each plan and why an invalid
+one was refused.
 
 The traffic goes to the loopback llama.cpp only; the model must be in the
 per-user cache (``wirecut local --fetch-model`` puts it there).
@@ -54,10 +57,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from _procs import percentile
+from _report import Report
 from wirecut.local import LocalServer
 from wirecut.memory import CuratorOutcome, Note, NoteStore, Plan, curate
 from wirecut.provider import ChatClient
@@ -320,6 +325,7 @@ def main(argv: list[str] | None = None) -> None:
         "--summarize", action="store_true", help="ask for a checked summary over each umbrella"
     )
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--out", type=Path, help="write bench_curator.json into this folder")
     args = parser.parse_args(argv)
     from wirecut.memory import PLAN_MAX_TOKENS
 
@@ -362,27 +368,71 @@ def main(argv: list[str] | None = None) -> None:
             decoys[kind][0] += merged
             decoys[kind][1] += every
     p50, p90 = percentile(seconds, 50), percentile(seconds, 90)
+    assert p50 is not None
+    assert p90 is not None
     mode = "with --summarize" if args.summarize else "default"
-    print(f"consolidation on the embedded {model}, {len(trials)} seeded stores ({mode})\n")
-    print(
-        "| valid plans | umbrellas | invented facts | cut summaries | degenerate titles"
-        " | cross-topic | titles replaced | members left out | topics whole | decoys merged"
-        " | s/plan p50 | p90 | tokens/plan p50 | max |"
+    made = Report(
+        "bench_curator",
+        "Consolidation on the embedded model",
+        "`curator run --consolidate --dry-run` on seeded note stores (topics of related "
+        "notes, loners, and decoys that share a word with a topic) against the embedded "
+        "llama.cpp: how many plans `validate_plan` accepted, and, checked by the bench's "
+        "own rules, what the accepted plans would have written (invented facts, cut "
+        "summaries, degenerate titles, notes of several topics in one umbrella, topics "
+        "split, decoys merged), the time and tokens a plan.",
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    print(
-        f"| {len(valid)}/{len(trials)} ({_pct(len(valid), len(trials))}) | {umbrellas}"
-        f" | {share('invented')} | {share('cut')} | {share('degenerate')} | {share('cross')}"
-        f" | {share('retitled')}"
-        f" | {sum(t.left_out for t in valid)}"
-        f" | {sum(t.whole for t in valid)}/{sum(t.topics for t in valid)}"
-        f" | {', '.join(f'{k} {m}/{n}' for k, (m, n) in sorted(decoys.items()))}"
-        f" | {p50:.1f} | {p90:.1f} | {statistics.median(tokens):.0f} | {max(tokens):.0f} |"
+    table = made.table(
+        f"Consolidation on the embedded {model}, {len(trials)} seeded stores ({mode})",
+        [
+            "valid plans",
+            "umbrellas",
+            "invented facts",
+            "cut summaries",
+            "degenerate titles",
+            "cross-topic",
+            "titles replaced",
+            "members left out",
+            "topics whole",
+            "decoys merged",
+            "s/plan p50",
+            "p90",
+            "tokens/plan p50",
+            "max",
+        ],
+        note=(
+            f"Load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f}; "
+            f"max_tokens {max_tokens}; llama.cpp threads {threads}."
+        ),
     )
-    print(
-        f"\nload average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f}; "
-        f"max_tokens {max_tokens}; llama.cpp threads {threads}"
+    table.add(
+        f"{len(valid)}/{len(trials)} ({_pct(len(valid), len(trials))})",
+        umbrellas,
+        share("invented"),
+        share("cut"),
+        share("degenerate"),
+        share("cross"),
+        share("retitled"),
+        sum(t.left_out for t in valid),
+        f"{sum(t.whole for t in valid)}/{sum(t.topics for t in valid)}",
+        ", ".join(f"{k} {m}/{n}" for k, (m, n) in sorted(decoys.items())),
+        f"{p50:.1f}",
+        f"{p90:.1f}",
+        f"{statistics.median(tokens):.0f}",
+        f"{max(tokens):.0f}",
     )
+    made.data = {
+        "settings": {
+            "stores": args.stores,
+            "model": model,
+            "summarize": args.summarize,
+            "max_tokens": max_tokens,
+            "threads": threads,
+        },
+        "trials": [asdict(trial) for trial in trials],
+    }
+    made.print()
+    if args.out:
+        made.write(args.out)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Cancel -> server-observed close, for wirecut's clients and for what a host can do today.
 
-Run: ``python bench/bench_http.py [--trials 200] [--baseline-trials 20] [--window 1.0]``.
-Prints Markdown tables and asserts nothing.
+Run: ``python bench/bench_http.py [--trials 200] [--baseline-trials 20] [--window 1.0]
+[--unsent-trials 20] [--out DIR]``. Prints Markdown tables (``--out DIR``
+writes them as ``DIR/bench_http.json`` for docs/benchmarks.md) and asserts
+nothing.
 
 Every mode talks to a loopback server that holds the response at a known
 blocking point: non-stream modes never get their response headers; stream
@@ -41,6 +43,7 @@ import requests
 
 import wirecut.http
 from _loopback import Exchange, FullBacklog, LoopbackServer, StallServer, connect_started
+from _report import Report
 from wirecut.adapters import ScopedHTTPAdapter, openai_client, openai_http_client
 from wirecut.http import ScopedTransport
 from wirecut.provider import ChatClient
@@ -77,7 +80,7 @@ class Row:
         ms = sorted(x * 1000 for x in self.latencies)
         p50 = statistics.median(ms)
         p99 = ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))]
-        fmt = "{:.2f}".format
+        fmt = "{:.2f} ms".format
         cells = [self.mode, self.cut, str(self.trials), str(seen), fmt(p50), fmt(p99), fmt(ms[-1])]
         if seen < self.trials:
             cells[3] += f" ({self.trials - seen} never)"
@@ -353,8 +356,12 @@ def _worker_return(call: Callable[[], Any], ready: Callable[[], bool]) -> float 
     return time.monotonic() - start
 
 
-def unsent_rows(trials: int) -> list[list[str]]:
-    rows = []
+#: A row of the tables below: (client, blocked in, trials, seconds each).
+Unsent = tuple[str, str, int, list[float]]
+
+
+def unsent_rows(trials: int) -> list[Unsent]:
+    rows: list[Unsent] = []
     for label in ("stalled TLS handshake", "full listen backlog"):
         for name in CLIENTS:
             latencies: list[float] = []
@@ -378,12 +385,12 @@ def unsent_rows(trials: int) -> list[list[str]]:
                             close()
                 if took is not None:
                     latencies.append(took)
-            rows.append([name, label, str(trials), *_pct(latencies)])
+            rows.append((name, label, trials, latencies))
     rows.extend(backoff_rows(max(3, trials // 4), trials))
     return rows
 
 
-def backoff_rows(plain_trials: int, trials: int) -> list[list[str]]:
+def backoff_rows(plain_trials: int, trials: int) -> list[Unsent]:
     """A cancel during the openai SDK's retry backoff (503, ``Retry-After: 2``)."""
 
     def busy(ex: Exchange) -> None:
@@ -391,7 +398,7 @@ def backoff_rows(plain_trials: int, trials: int) -> list[list[str]]:
         # which it does right before its backoff.
         ex.json({"error": "busy"}, 503, headers={"Retry-After": "2", "Connection": "close"})
 
-    rows = []
+    rows: list[Unsent] = []
     makers: list[tuple[str, Callable[[str], openai.OpenAI], int]] = [
         (
             "openai.OpenAI(http_client=openai_http_client())",
@@ -410,11 +417,11 @@ def backoff_rows(plain_trials: int, trials: int) -> list[list[str]]:
                 client.close()
             if took is not None:
                 latencies.append(took)
-        rows.append([name, "SDK retry backoff (Retry-After: 2)", str(n), *_pct(latencies)])
+        rows.append((name, "SDK retry backoff (Retry-After: 2)", n, latencies))
     return rows
 
 
-def pool_rows(trials: int) -> list[list[str]]:
+def pool_rows(trials: int) -> list[tuple[str, int, list[float]]]:
     """What the pool of a new scope costs to build: an SSL context each time, or shared."""
     transport = ScopedTransport()
     modes: list[tuple[str, Callable[[], Any]]] = [
@@ -429,16 +436,9 @@ def pool_rows(trials: int) -> list[list[str]]:
             made = make()
             times.append(time.perf_counter() - start)
             made.close()
-        rows.append([name, str(trials), *_pct(times, unit=1e6)])
+        rows.append((name, trials, times))
     transport.close()
     return rows
-
-
-def _table(header: list[str], rows: list[list[str]]) -> None:
-    print("| " + " | ".join(header) + " |")
-    print("|" + "|".join("---" for _ in header) + "|")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
 
 
 def main() -> None:
@@ -449,18 +449,63 @@ def main() -> None:
     parser.add_argument(
         "--unsent-trials", type=int, default=20, help="trials per client and blocking point"
     )
+    parser.add_argument("--out", type=Path, help="write bench_http.json into this folder")
     args = parser.parse_args()
     warnings.simplefilter("ignore")  # Abandoned baseline clients warn as they are collected.
-    began = time.monotonic()
     rows = wirecut_rows(args.trials) + baseline_rows(args.baseline_trials, args.window)
-    header = ["mode", "cut by", "trials", "closes seen", "p50 ms", "p99 ms", "max ms"]
-    _table(header, [row.cells() for row in rows])
-    print("\nscope.cancel() -> the worker returned, nothing sent yet:\n")
-    header = ["client", "blocked in", "trials", "p50 ms", "p99 ms", "max ms"]
-    _table(header, unsent_rows(args.unsent_trials))
-    print("\nBuilding the connection pool of a new scope:\n")
-    _table(["pool", "trials", "p50 µs", "p99 µs", "max µs"], pool_rows(50))
-    print(f"\n{time.monotonic() - began:.1f} s in all; baseline window {args.window:.1f} s.")
+    unsent = unsent_rows(args.unsent_trials)
+    pools = pool_rows(50)
+    made = Report(
+        "bench_http",
+        "Cancel -> the provider saw the close, per HTTP client",
+        "A loopback server holds each request at a known point (non-stream: no response "
+        "headers; stream: a first chunk, then nothing); the host cancels and the clock "
+        "stops when the server's `recv()` sees the peer close: wirecut's `ChatClient`, the "
+        "`openai` SDK and `requests` with wirecut's adapters, cut by `scope.cancel()`, "
+        "against plain `httpx`, `openai` and `requests` whose host abandons the thread or "
+        "closes the client from its own thread. Then cancel -> the worker returned while "
+        "nothing was sent yet (a stalled TLS handshake, a full listen backlog, the SDK's "
+        "retry backoff), and what a new scope's connection pool costs to build.",
+    )
+    closes = made.table(
+        "Cancel -> the server saw the close",
+        ["mode", "cut by", "trials", "closes seen", "p50", "p99", "max"],
+        note=f"A baseline is watched {args.window:g} s for the close; never: none came in it.",
+    )
+    for row in rows:
+        closes.add(*row.cells())
+    before = made.table(
+        "scope.cancel() -> the worker returned, nothing sent yet",
+        ["client", "blocked in", "trials", "p50", "p99", "max"],
+    )
+    for name, label, trials, latencies in unsent:
+        before.add(
+            name, label, trials, *(f"{v} ms" if v != "never" else v for v in _pct(latencies))
+        )
+    pool = made.table(
+        "Building the connection pool of a new scope", ["pool", "trials", "p50", "p99", "max"]
+    )
+    for name, trials, times in pools:
+        pool.add(name, trials, *(f"{v} µs" for v in _pct(times, unit=1e6)))
+    made.data = {
+        "settings": {
+            "trials": args.trials,
+            "baseline_trials": args.baseline_trials,
+            "window_s": args.window,
+            "unsent_trials": args.unsent_trials,
+        },
+        "closes_s": [
+            {"mode": r.mode, "cut": r.cut, "trials": r.trials, "latencies": r.latencies}
+            for r in rows
+        ],
+        "unsent_s": [
+            {"client": c, "blocked_in": b, "trials": n, "latencies": x} for c, b, n, x in unsent
+        ],
+        "pool_build_s": [{"pool": p, "trials": n, "times": x} for p, n, x in pools],
+    }
+    made.print()
+    if args.out:
+        made.write(args.out)
 
 
 if __name__ == "__main__":

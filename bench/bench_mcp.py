@@ -1,7 +1,8 @@
 """Cancel MCP tool calls: wirecut's ``MCPServer``, the SDK's own, and an ``async def`` tool.
 
-Run: ``python bench/bench_mcp.py [--trials 100] [--window 0.3] [--out FILE.json]``.
-Prints a Markdown table (and writes JSON with ``--out``); asserts nothing.
+Run: ``python bench/bench_mcp.py [--trials 100] [--window 0.3] [--out DIR]``.
+Prints a Markdown table (``--out DIR`` writes it as ``DIR/bench_mcp.json``
+for docs/benchmarks.md); asserts nothing.
 
 Three servers serve the same three tools (examples/mcp_server.py): wirecut's
 ``MCPServer`` and the SDK's ``MCPServer`` run the example's sync tools; the
@@ -31,9 +32,7 @@ import contextlib
 import functools
 import importlib.util
 import inspect
-import json
 import os
-import platform
 import select
 import signal
 import sys
@@ -55,7 +54,7 @@ from mcp.server.mcpserver import MCPServer as PlainMCPServer
 from mcp_types import LoggingMessageNotificationParams
 
 from _procs import percentile
-from wirecut import __version__
+from _report import Report
 from wirecut.loopback import LoopbackExchange, LoopbackServer
 from wirecut.mcp import LOGGER, StopFacts
 
@@ -365,9 +364,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=100, help="cancels per row (default 100)")
     parser.add_argument("--window", type=float, default=0.3, help="seconds to wait for a stop")
-    parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    parser.add_argument("--out", type=Path, default=None, help="write bench_mcp.json here")
     args = parser.parse_args()
-    print(f"load average: {os.getloadavg()}; cpus: {os.cpu_count()}")
     rows: list[dict[str, Any]] = []
     upstream = Upstream()
     try:
@@ -379,38 +377,44 @@ def main() -> None:
     finally:
         upstream.next_trial()
         upstream.server.stop()
-    head = [
-        "server",
-        "tool",
-        "cancels",
-        "cancel -> tool returned p50 / p99",
-        "cancel -> upstream close",
-        "cancel -> process tree gone",
-        "server confirmed",
-    ]
-    print(f"\n{args.trials} cancels a row; what did not happen within {args.window:g} s ran on.\n")
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
+    made = Report(
+        "bench_mcp",
+        "Cancelling MCP tool calls",
+        "The same three tools (an HTTP fetch, a process tree, a sleep) on wirecut's "
+        "`MCPServer`, the SDK's `MCPServer` with the same sync tools, and the SDK with "
+        "careful `async def` versions (its best case), each call cancelled by a real "
+        "`notifications/cancelled` once it runs: cancel -> the tool returned, -> the "
+        "upstream saw the close, -> the process tree was gone, and whether the server "
+        "confirmed the stop.",
+    )
+    table = made.table(
+        "Cancel -> the tool's work stopped",
+        [
+            "server",
+            "tool",
+            "cancels",
+            "cancel -> tool returned p50 / p99",
+            "cancel -> upstream close",
+            "cancel -> process tree gone",
+            "server confirmed",
+        ],
+        note=f"What did not happen within {args.window:g} s of the cancel ran on.",
+    )
     for row in rows:
         n = row["cancels"]
-        cells = [
+        table.add(
             row["server"],
             row["tool"],
-            str(n),
+            n,
             _cell(row["cancel_to_tool_exit_ms"], n),
             _cell(row.get("cancel_to_upstream_close_ms"), n),
             _cell(row.get("cancel_to_process_gone_ms"), n),
             f"{row['server_confirmed']}/{n}",
-        ]
-        print("| " + " | ".join(cells) + " |")
+        )
+    made.data = {"settings": {"trials": args.trials, "window_s": args.window}, "rows": rows}
+    made.print()
     if args.out is not None:
-        report = {
-            "version": __version__,
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-            "window_s": args.window,
-            "rows": rows,
-        }
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        made.write(args.out)
 
 
 if __name__ == "__main__":

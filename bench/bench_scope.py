@@ -1,8 +1,15 @@
 """Benchmark the scope layer: the per-turn cost, and cancel -> blocked recv returned.
 
-Run: ``python bench/bench_scope.py [--trials 1000]``. Prints a Markdown table;
-asserts nothing (targets are checked by reading it: under 5 us per turn, p99
-under 2 ms for the cut).
+Run: ``python bench/bench_scope.py [--trials 1000] [--turns 200000] [--out DIR]``.
+
+The per-turn cost is ``bind_scope`` + ``register`` + unregister of one agent
+turn, in a loop of ``--turns`` (the best of three), on the wall clock and on
+this thread's CPU time, beside the same loop doing nothing. The cut is
+``scope.cancel()`` -> a ``recv()`` blocked on a registered socketpair in
+another thread returned, ``--trials`` times. Prints a Markdown table
+(``--out DIR`` writes it as ``DIR/bench_scope.json`` for docs/benchmarks.md);
+asserts nothing (the targets are in the table: under 5 us per turn, p99 under
+2 ms for the cut).
 """
 
 from __future__ import annotations
@@ -13,7 +20,10 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+from _procs import percentile
+from _report import Report
 from wirecut.scope import InterruptScope, bind_scope
 
 
@@ -67,15 +77,11 @@ def one_cut() -> float:
     return returned_at[0] - cancelled_at
 
 
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=1000)
     parser.add_argument("--turns", type=int, default=200_000)
+    parser.add_argument("--out", type=Path, help="write bench_scope.json into this folder")
     args = parser.parse_args()
 
     turn = min(per_turn_cost(args.turns) for _ in range(3))
@@ -83,22 +89,35 @@ def main() -> None:
     # processes on a busy machine take from the wall clock.
     turn_cpu = min(per_turn_cost(args.turns, time.thread_time) for _ in range(3))
     empty = baseline_cost(args.turns)
-    cuts = [one_cut() for _ in range(args.trials)]
-    print("| measure | value | target |")
-    print("|---|---|---|")
-    print(f"| bind + register + unregister, one turn | {turn * 1e6:.2f} us | < 5 us |")
-    print(f"| (the same, this thread's CPU time) | {turn_cpu * 1e6:.2f} us | |")
-    print(f"| (empty loop iteration, for scale) | {empty * 1e6:.3f} us | |")
-    print(
-        f"| cancel -> blocked recv() returned, p50 ({args.trials} trials) "
-        f"| {percentile(cuts, 0.5) * 1e3:.3f} ms | |"
+    cuts_ms = [one_cut() * 1e3 for _ in range(args.trials)]
+    made = Report(
+        "bench_scope",
+        "The scope layer",
+        "What a scope costs an agent turn (bind + register + unregister, in a loop, "
+        "beside an empty loop) and how fast `scope.cancel()` wakes a `recv()` blocked "
+        "on a registered socket in another thread.",
     )
-    print(
-        f"| cancel -> blocked recv() returned, p99 | {percentile(cuts, 0.99) * 1e3:.3f} ms "
-        "| < 2 ms |"
-    )
-    print(f"| cancel -> blocked recv() returned, max | {max(cuts) * 1e3:.3f} ms | |")
-    print(f"| (mean) | {statistics.fmean(cuts) * 1e3:.3f} ms | |")
+    table = made.table("The scope's cost and its cut", ["measure", "value", "target"])
+    table.add("bind + register + unregister, one turn", f"{turn * 1e6:.2f} us", "< 5 us")
+    table.add("(the same, this thread's CPU time)", f"{turn_cpu * 1e6:.2f} us", "")
+    table.add("(empty loop iteration, for scale)", f"{empty * 1e6:.3f} us", "")
+    for label, value, target in [
+        (f"p50 ({args.trials} trials)", percentile(cuts_ms, 50), ""),
+        ("p99", percentile(cuts_ms, 99), "< 2 ms"),
+        ("max", max(cuts_ms), ""),
+        ("mean", statistics.fmean(cuts_ms), ""),
+    ]:
+        table.add(f"cancel -> blocked recv() returned, {label}", f"{value:.3f} ms", target)
+    made.data = {
+        "settings": {"trials": args.trials, "turns": args.turns},
+        "turn_us": turn * 1e6,
+        "turn_cpu_us": turn_cpu * 1e6,
+        "empty_loop_us": empty * 1e6,
+        "cancel_to_recv_returned_ms": [round(ms, 4) for ms in cuts_ms],
+    }
+    made.print()
+    if args.out:
+        made.write(args.out)
 
 
 if __name__ == "__main__":

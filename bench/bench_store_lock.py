@@ -1,13 +1,15 @@
 """Cancel -> return of a note-store write that waits for another writer's lock.
 
-Run: ``python bench/bench_store_lock.py [--trials 20] [--before OLD/src]``.
+Run: ``python bench/bench_store_lock.py [--trials 20] [--before OLD/src] [--out DIR]``.
 Another connection holds the store's write lock (``BEGIN IMMEDIATE``); a
 ``memory add``-like write (``NoteStore.add`` under a scope, on a thread)
 waits for it; the scope is cancelled 50 ms later and the time until the
-write returned is measured. Each trial runs in a fresh process with the code
-at ``--before`` (e.g. main's ``src``) and with this checkout's, side by side.
-Prints a Markdown table; asserts nothing (target: a cancel ends the wait at
-once, not at SQLite's busy timeout).
+write returned is measured. Each trial runs in a fresh process, with this
+checkout's code and, with ``--before``, with the code at that source tree
+(e.g. main's ``src``), side by side. Prints a Markdown table (``--out DIR``
+writes it as ``DIR/bench_store_lock.json`` for docs/benchmarks.md); asserts
+nothing (target: a cancel ends the wait at once, not at SQLite's busy
+timeout).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 from pathlib import Path
 
 from _procs import percentile
+from _report import Report
 
 HERE = Path(__file__).resolve().parent.parent / "src"
 
@@ -72,22 +75,39 @@ def main() -> None:
     parser.add_argument(
         "--before", type=Path, default=None, help="an older source tree to compare with"
     )
+    parser.add_argument("--out", type=Path, help="write bench_store_lock.json into this folder")
     args = parser.parse_args()
-    print("| code | trials | cancel -> returned p50 | p99 | max | outcome |")
-    print("|---|---|---|---|---|---|")
+    made = Report(
+        "bench_store_lock",
+        "A store write waiting for the lock, cancelled",
+        "A `memory add`-like write (`NoteStore.add` under a scope, on a thread) waits for "
+        "the store's write lock, held by another connection (`BEGIN IMMEDIATE`); the scope "
+        "is cancelled 50 ms later: the time until the write returned, and how it returned. "
+        "A fresh process a trial; with `--before`, an older tree's code beside this one.",
+    )
+    table = made.table(
+        "Cancel -> the waiting write returned",
+        ["code", "trials", "p50", "p99", "max", "outcome"],
+    )
     trees = [("before", args.before)] if args.before is not None else []
-    for name, src in [*trees, ("after", HERE)]:
+    found: dict[str, list[dict[str, object]]] = {}
+    for name, src in [*trees, ("this tree", HERE)]:
         runs = [trial(src) for _ in range(args.trials)]
         ms = [float(str(run["ms"])) for run in runs]
         outcomes = sorted({str(run["outcome"]) for run in runs})
-        p50, p99 = percentile(ms, 50), percentile(ms, 99)
-        assert p50 is not None
-        assert p99 is not None
-        print(
-            f"| {name} | {len(runs)} | {p50:.2f} ms | {p99:.2f} ms | {max(ms):.2f} ms"
-            f" | {', '.join(outcomes)} |",
-            flush=True,
+        table.add(
+            name,
+            len(runs),
+            f"{percentile(ms, 50):.2f} ms",
+            f"{percentile(ms, 99):.2f} ms",
+            f"{max(ms):.2f} ms",
+            ", ".join(outcomes),
         )
+        found[name] = runs
+    made.data = {"settings": {"trials": args.trials}, "trials": found}
+    made.print()
+    if args.out:
+        made.write(args.out)
 
 
 if __name__ == "__main__":

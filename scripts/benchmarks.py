@@ -1,17 +1,21 @@
 """Render docs/benchmarks.md from the benchmarks' JSON reports under docs/bench/.
 
-Run: ``python scripts/benchmarks.py [--check]``. Each ``docs/bench/NAME.json``
-(written by a benchmark's ``--out docs/bench``; see ``bench/_report.py``)
-becomes a section, headed with the machine it ran on, its CPU count, Python,
-the commit and the date, and the command that ran it. ``--check`` exits 1 if
-docs/benchmarks.md is not what the reports render to (the docs are never
-edited by hand).
+Run: ``python scripts/benchmarks.py [--check] [--reports DIR] [--target FILE]``.
+Each ``docs/bench/NAME.json`` written by a benchmark's ``--out docs/bench``
+(see ``bench/_report.py``) becomes a section, headed with the machine it ran
+on, its CPU count, Python, the commit and the date, and the command that ran
+it. ``bench.json``, written by ``wirecut bench --out docs/bench`` in the
+format docs/protocol.md fixes ("Proof tools"), becomes a section too, with
+its chart ``bench.png`` beside it linked. ``--check`` exits 1 if the page is
+not what the reports render to (the docs are never edited by hand); a file
+that is not a report exits 1 naming it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,6 +55,21 @@ side, not the last digit, and not across sections from different days.
 Nothing here is asserted by a test: speed is checked by these benchmarks.
 """
 
+#: ``wirecut bench``'s section: what its rows measure (docs/proof-tools.md).
+WIRECUT_BENCH_ABOUT = (
+    "Batches of commands on the simulator (a process of its own), "
+    "cancelled at one instant, for wirecut's console (its own process, one `cancel` "
+    "frame over the WebSocket) and three things hosts do today: `loop.run_in_executor` "
+    "(naive), anyio's `abandon_on_cancel`, and the `openai` SDK closed from the host. "
+    "Cancel -> the host's answer, cancel -> the simulator seeing the close (watched "
+    "for a window), the slot-seconds held after the cancel, and workers still running "
+    "at the window's end."
+)
+
+
+class BadReport(Exception):
+    """A file under the reports folder that this script cannot render."""
+
 
 def machine_line(machine: dict[str, Any]) -> str:
     model = f" ({machine['cpu_model']})" if machine.get("cpu_model") else ""
@@ -58,11 +77,156 @@ def machine_line(machine: dict[str, Any]) -> str:
         f"{machine.get('cpus')} CPUs{model}",
         f"Python {machine.get('python')}",
         f"commit {machine.get('commit') or 'unknown'}",
-        str(machine.get("date")),
+        str(machine.get("date") or "date unknown"),
     ]
     if machine.get("load_average") is not None:
         parts.append(f"load average {machine['load_average']} at the start")
     return ", ".join(parts)
+
+
+def _ms_pair(figures: dict[str, Any]) -> str:
+    p50, p99 = figures.get("p50"), figures.get("p99")
+    if p50 is None and p99 is None:
+        return "never"
+    return f"{_num(p50)} / {_num(p99)} ms"
+
+
+def _num(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "never"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def wirecut_bench(data: dict[str, Any], image: str | None) -> dict[str, Any]:
+    """``wirecut bench``'s ``bench.json`` as a section; ``image`` links its chart."""
+    rows = [
+        [
+            row["scenario"],
+            str(row["concurrency"]),
+            row["system"],
+            str(row["trials"]),
+            _ms_pair(row["cancel_to_complete_ms"]),
+            _ms_pair(row["cancel_to_provider_close_ms"]),
+            str(row["cancel_to_provider_close_ms"]["never"]),
+            f"{row['slot_seconds_after_cancel']:.3f}",
+            str(row["leaked"]),
+        ]
+        for row in data["rows"]
+    ]
+    settings = data.get("settings") or {}
+    sim = settings.get("simulator") or {}
+    note = None
+    if settings:
+        note = (
+            f"The simulator: {sim.get('slots')} slots, "
+            f"{'endless, ' if sim.get('endless') else ''}"
+            f"{sim.get('tokens_per_second')} tokens/s, {sim.get('prompt_ms')} ms prompt; "
+            f"`max_tokens` {settings.get('max_tokens')}; the provider's side watched "
+            f'{settings.get("window_s")} s after the cancel ("never": no close in it).'
+        )
+    tables = [
+        {
+            "title": "Cancel: wirecut and what hosts do today",
+            "columns": [
+                "scenario",
+                "at once",
+                "system",
+                "trials",
+                "cancel -> complete p50 / p99",
+                "cancel -> provider close p50 / p99",
+                "close never seen",
+                "slot-seconds after cancel",
+                "leaked",
+            ],
+            "rows": rows,
+            "note": note,
+        }
+    ]
+    console = data.get("console")
+    if console:
+        memory = console.get("memory_per_command_kib")
+        tables.append(
+            {
+                "title": "wirecut's console alone",
+                "columns": [
+                    "`sleep 0` commands/s",
+                    "resident memory per command in flight",
+                    "of it, Python heap",
+                    "workers",
+                ],
+                "rows": [
+                    [
+                        _num(console.get("sleep0_commands_per_second"), 1),
+                        "unknown" if memory is None else f"{memory:.1f} KiB",
+                        f"{_num(console.get('python_heap_per_command_kib'), 1)} KiB",
+                        str(console.get("workers")),
+                    ]
+                ],
+                "note": None,
+            }
+        )
+    return {
+        "name": "wirecut_bench",
+        "title": "wirecut bench: cancel against what hosts do today",
+        "about": WIRECUT_BENCH_ABOUT,
+        "command": data.get("command"),
+        "machine": data.get("machine") or {},
+        "tables": tables,
+        "image": image,
+    }
+
+
+def load(reports: Path, target: Path) -> list[dict[str, Any]]:
+    """Every report under ``reports``, ``bench.json`` made one; raises BadReport naming a file."""
+    loaded = []
+    for path in sorted(reports.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise BadReport(f"{path}: not readable JSON ({exc})") from None
+        try:
+            if isinstance(data, dict) and {"name", "title", "tables", "machine"} <= data.keys():
+                _check(data)
+                loaded.append(data)
+            elif isinstance(data, dict) and path.name == "bench.json" and "rows" in data:
+                png = path.with_suffix(".png")
+                image = os.path.relpath(png, target.parent) if png.exists() else None
+                loaded.append(wirecut_bench(data, image))
+            else:
+                raise BadReport(
+                    "neither a benchmark's report (name, title, machine, tables) "
+                    "nor wirecut bench's bench.json"
+                )
+        except BadReport as exc:
+            raise BadReport(f"{path}: {exc}") from None
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise BadReport(f"{path}: a field is missing or of the wrong type ({exc!r})") from None
+    return loaded
+
+
+def _check(report: dict[str, Any]) -> None:
+    """Raise BadReport unless ``report`` has what ``render`` reads, of the right types."""
+    for key in ("name", "title", "about", "command"):
+        if not isinstance(report.get(key), str):
+            raise BadReport(f"{key!r} is not a string")
+    if not isinstance(report["machine"], dict):
+        raise BadReport("'machine' is not an object")
+    if not isinstance(report["tables"], list):
+        raise BadReport("'tables' is not a list")
+    for table in report["tables"]:
+        if not isinstance(table, dict):
+            raise BadReport("a table is not an object")
+        columns, rows = table.get("columns"), table.get("rows")
+        if not isinstance(table.get("title"), str) or not isinstance(columns, list):
+            raise BadReport("a table's 'title' or 'columns' is missing")
+        if not isinstance(rows, list) or any(
+            not isinstance(row, list) or len(row) != len(columns) for row in rows
+        ):
+            raise BadReport(f"table {table['title']!r}: a row is not a list of its columns' cells")
+        if table.get("note") is not None and not isinstance(table["note"], str):
+            raise BadReport(f"table {table['title']!r}: 'note' is not a string")
 
 
 def render(reports: list[dict[str, Any]]) -> str:
@@ -78,7 +242,10 @@ def render(reports: list[dict[str, Any]]) -> str:
     for report in reports:
         lines.append(f"## {report['title']}\n")
         lines.append(f"{report['about']}\n")
-        lines.append(f"*{machine_line(report['machine'])}; `{report['command']}`*\n")
+        command = f"; `{report['command']}`" if report.get("command") else ""
+        lines.append(f"*{machine_line(report['machine'])}{command}*\n")
+        if report.get("image"):
+            lines.append(f"![{report['title']}]({report['image']})\n")
         for table in report["tables"]:
             lines.append(f"**{table['title']}**\n")
             lines.append("| " + " | ".join(table["columns"]) + " |")
@@ -97,19 +264,30 @@ def _anchor(title: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
+    parser.add_argument("--check", action="store_true", help="exit 1 if the page is stale")
+    parser.add_argument("--reports", type=Path, default=REPORTS, help="the JSON reports' folder")
+    parser.add_argument("--target", type=Path, default=TARGET, help="the page to write")
     args = parser.parse_args()
-    reports = [json.loads(path.read_text()) for path in sorted(REPORTS.glob("*.json"))]
-    reports = [report for report in reports if "tables" in report and "machine" in report]
+    if not args.reports.is_dir():
+        print(f"benchmarks.py: no folder {args.reports}", file=sys.stderr)
+        return 1
+    try:
+        reports = load(args.reports, args.target)
+    except BadReport as exc:
+        print(f"benchmarks.py: {exc}", file=sys.stderr)
+        return 1
     text = render(reports)
     if args.check:
-        current = TARGET.read_text() if TARGET.exists() else ""
+        current = args.target.read_text() if args.target.exists() else ""
         if current != text:
-            print("docs/benchmarks.md is not what scripts/benchmarks.py renders", file=sys.stderr)
+            print(
+                f"{args.target} is not what scripts/benchmarks.py renders from {args.reports}",
+                file=sys.stderr,
+            )
             return 1
         return 0
-    TARGET.write_text(text)
-    print(f"wrote {TARGET.relative_to(ROOT)} from {len(reports)} reports")
+    args.target.write_text(text)
+    print(f"wrote {args.target} from {len(reports)} reports in {args.reports}")
     return 0
 
 

@@ -9,6 +9,7 @@ host's are never closed and all leave their worker running.
 
 from __future__ import annotations
 
+import datetime
 import json
 import subprocess
 import sys
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+import wirecut
 
 SYSTEMS = ["wirecut", "naive", "anyio-abandon", "openai-close"]
 SCENARIOS = ["stream", "non-stream", "curator"]
@@ -57,6 +60,25 @@ def report(bench_run: tuple[subprocess.CompletedProcess[str], Path]) -> dict[str
     return loaded
 
 
+def _checkout_commit() -> str | None:
+    """The short commit of the checkout the tested ``wirecut`` comes from, if it is one."""
+    package = Path(wirecut.__file__).resolve().parent
+    top = subprocess.run(
+        ["git", "-C", str(package), "rev-parse", "--show-toplevel"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if top.returncode != 0 or Path(top.stdout.strip()).resolve() / "src" / "wirecut" != package:
+        return None
+    return subprocess.run(
+        ["git", "-C", str(package), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
 def _is_ms(value: Any) -> bool:
     return value is None or (isinstance(value, float | int) and value >= 0)
 
@@ -93,6 +115,18 @@ def test_bench_json_matches_the_protocol_format(report: dict[str, Any]) -> None:
         # A figure never reached is null, with its count in "never".
         assert (close["p99"] is None) == (close["never"] == row["trials"])
         assert isinstance(row["leaked"], int)
+
+
+def test_bench_json_says_which_commit_ran_when_and_how(
+    bench_run: tuple[subprocess.CompletedProcess[str], Path], report: dict[str, Any]
+) -> None:
+    machine = report["machine"]
+    assert machine["commit"] == _checkout_commit()
+    ran_on = datetime.date.fromisoformat(machine["date"])
+    today = datetime.datetime.now(datetime.UTC).date()
+    assert today - datetime.timedelta(days=1) <= ran_on <= today
+    out = bench_run[1]
+    assert report["command"] == f"wirecut bench --quick --concurrency 1,2 --window 0.5 --out {out}"
 
 
 def test_bench_measures_wirecut_closing_and_the_naive_host_leaking(

@@ -85,6 +85,17 @@ def bench(
 
     report = _run_with_progress(settings, sum(batches for *_, batches in plan(settings)) + 1)
     data = report.to_json()
+    # How to run it again: scripts/benchmarks.py heads the section with it.
+    data["command"] = " ".join(
+        [
+            "wirecut bench",
+            *(["--quick"] if quick else []),
+            *(["--concurrency", ",".join(map(str, concurrency))] if concurrency else []),
+            *(["--window", f"{window:g}"] if window is not None else []),
+            "--out",
+            str(out),
+        ]
+    )
     (out / "bench.json").write_text(json.dumps(data, indent=2) + "\n")
     write_chart(data, out / "bench.png")
     _print_table(data)

@@ -34,9 +34,11 @@ second) and resident memory per command in flight.
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import platform
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -199,16 +201,50 @@ class BenchReport:
     def to_json(self) -> dict[str, Any]:
         return {
             "version": __version__,
-            "machine": {
-                "cpus": os.cpu_count(),
-                "python": platform.python_version(),
-                "platform": platform.platform(),
-            },
+            "machine": _machine(),
             "rows": [row.to_json() for row in self.rows],
             "console": self.console,
             "settings": self.settings.to_json(),
             "seconds": round(self.seconds, 1),
         }
+
+
+def _machine() -> dict[str, Any]:
+    """Where a run happened: CPUs, Python, platform, the commit of this wirecut, the date.
+
+    ``commit`` is the short hash of the git checkout this ``wirecut`` package
+    was imported from (an editable install), or None when it was not imported
+    from one: a package installed into some other project's tree would
+    otherwise report that project's commit. ``date`` is today's (UTC).
+    """
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "commit": _commit(),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+    }
+
+
+def _commit() -> str | None:
+    package = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(package), *args],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+
+    try:
+        top = Path(git("rev-parse", "--show-toplevel")).resolve()
+        if top / "src" / "wirecut" != package:
+            return None
+        return git("rev-parse", "--short", "HEAD")
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 @dataclass
