@@ -21,7 +21,7 @@ from _loopback import (
 )
 from _promises import assert_cut_reached_the_server, assert_quiet
 from _support import BOUND
-from wirecut.http import H1Transport
+from wirecut.http import H1Transport, _h1
 from wirecut.scope import Interrupted, InterruptScope, bind_scope
 
 LONG = 60.0  # a timeout no test may reach: only a cut ends the wait within BOUND
@@ -342,3 +342,46 @@ def test_a_cut_during_a_paced_read_is_interrupted_and_reaches_the_server() -> No
 def test_a_bad_read_interval_is_refused(bad: object) -> None:
     with pytest.raises(ValueError, match="read_interval"):
         H1Transport(read_interval=bad)  # type: ignore[arg-type]
+
+
+def _counted_pauses(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    pauses: list[float] = []
+    real_pause = _h1._Connection.pause
+
+    def counted(self: Any, seconds: float) -> None:
+        pauses.append(seconds)
+        real_pause(self, seconds)
+
+    monkeypatch.setattr(_h1._Connection, "pause", counted)
+    return pauses
+
+
+def _read_big(content_type: str) -> tuple[bytes, bytes]:
+    body = b"x" * (512 * 1024)
+
+    def bulk(ex: Exchange) -> None:
+        ex.respond(200, body, content_type=content_type)
+
+    transport = H1Transport(read_interval=0.5)
+    with LoopbackServer(bulk) as server, httpx.Client(transport=transport, timeout=30) as c:
+        with c.stream("GET", f"{server.url}/big") as response:
+            return body, b"".join(response.iter_raw())
+
+
+def test_a_paced_event_stream_pauses_only_after_a_read_that_drained_the_socket(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # What already waits in the socket is read without a pause a read.
+    pauses = _counted_pauses(monkeypatch)
+    body, got = _read_big("text/event-stream")
+    assert got == body
+    assert len(pauses) < len(body) // _h1.READ_SIZE // 2
+
+
+def test_a_body_that_is_not_an_event_stream_is_never_paced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pauses = _counted_pauses(monkeypatch)
+    body, got = _read_big("application/json")
+    assert got == body
+    assert pauses == []

@@ -29,6 +29,7 @@ skipped), response trailers (discarded).
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 import ssl
@@ -53,6 +54,8 @@ __all__ = ["H1Transport"]
 
 #: Bytes asked of one ``recv``: a burst of tokens that queued up is read at once.
 READ_SIZE = 65536
+#: SO_LINGER on, 0 seconds: close() resets the connection instead of a FIN.
+_RESET = struct.pack("ii", 1, 0)
 #: poll()'s "the peer hung up" (Linux): a pause between reads waits for it only.
 _POLLRDHUP: int | None = getattr(select, "POLLRDHUP", None)
 
@@ -130,11 +133,20 @@ class _Connection:
             return True
         return bool(readable)
 
-    def close(self) -> None:
-        """Unregister (waiting for a cut in flight), then close: the owner's act."""
+    def close(self, *, abort: bool = False) -> None:
+        """Unregister (waiting for a cut in flight), then close: the owner's act.
+
+        ``abort`` closes with a reset (``SO_LINGER`` 0) instead of a FIN: a
+        server blocked sending into a response we no longer read (its data
+        filling our receive buffer) sees a reset at once, where a FIN would
+        reach it only when it reads, and it may never read.
+        """
         try:
             self.hold.release()
         finally:
+            if abort:
+                with contextlib.suppress(OSError):
+                    self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
             self.sock.close()
 
 
@@ -181,12 +193,13 @@ class H1Transport(httpx.BaseTransport):
     ``connect_timeout`` bounds one TCP connect and one TLS handshake, whatever
     a request's timeout says; ``verify``, ``cert`` and ``trust_env`` are
     httpx's; ``keepalive_expiry`` closes a scope's pool once idle that long.
-    ``read_interval`` (seconds, 0: none) paces the reads of a body once it
-    flows: at most one read per interval, which takes whatever arrived
+    ``read_interval`` (seconds, 0: none) paces the reads of an event stream
+    (``text/event-stream``) once it flows: after a read that took all there
+    was, the next waits out the interval and takes whatever arrived
     meanwhile, so a stream of many small chunks (a token each) wakes its
-    reader a few times a second instead of once a chunk. The head and a
-    body's first bytes are read as they come. Safe to share between threads
-    and scopes.
+    reader a few times a second instead of once a chunk. The head, a body's
+    first bytes, and any other body are read as they come. Safe to share
+    between threads and scopes.
 
     Cancellation: under a cancelled scope a request raises ``Interrupted``
     before a connection is opened or reused. A cut wakes a request blocked in
@@ -229,9 +242,8 @@ class H1Transport(httpx.BaseTransport):
         except BaseException:
             self._pools.leave(lease)
             raise
-        body = _Body(
-            connection, parser, lease, self._pools, timeouts.get("read"), self._read_interval
-        )
+        pace = self._read_interval if _is_event_stream(parser.headers) else 0.0
+        body = _Body(connection, parser, lease, self._pools, timeouts.get("read"), pace)
         return httpx.Response(
             parser.status_code,
             headers=parser.headers,
@@ -267,7 +279,7 @@ class H1Transport(httpx.BaseTransport):
             except _NothingCame:
                 connection.close()
             except BaseException:
-                connection.close()
+                connection.close(abort=True)  # the request may be at the server
                 raise
         connection = self._connect(scope, origin, timeouts.get("connect"))
         try:
@@ -280,7 +292,7 @@ class H1Transport(httpx.BaseTransport):
                 "the server closed the connection without sending a response"
             ) from None
         except BaseException:
-            connection.close()
+            connection.close(abort=True)  # the request may be at the server
             raise
 
     def _connect(
@@ -451,20 +463,21 @@ class _Body(httpx.SyncByteStream):
         if data:
             yield data
         pace = self._read_interval
-        flowing = bool(data)
+        drained = bool(data)  # the last read took all there was: the body trickles
         while not parser.complete:
-            if pace and flowing:
+            if pace and drained:
                 # What arrives meanwhile waits in the socket for the next read;
-                # a cut ends the pause, and the read then sees it.
+                # a cut ends the pause, and the read then sees it. A read that
+                # filled its buffer left more waiting: no pause before the next.
                 connection.pause(pace)
             received = _recv(connection, self._read_timeout)
+            drained = 0 < len(received) < READ_SIZE
             if received:
                 _feed(parser, received)
             else:
                 _feed_eof(parser)
             data = parser.take_body()
             if data:
-                flowing = True
                 yield data
         self._end(reuse=parser.keep_alive)
 
@@ -480,9 +493,17 @@ class _Body(httpx.SyncByteStream):
                 connection.hold.release()
                 self._lease.resource.give_back(connection)
             else:
-                connection.close()
+                # Left before its end: the server must stop sending now.
+                connection.close(abort=not self._parser.complete)
         finally:
             self._pools.leave(self._lease)
+
+
+def _is_event_stream(headers: list[tuple[bytes, bytes]]) -> bool:
+    for name, value in headers:
+        if name.lower() == b"content-type":
+            return value.split(b";", 1)[0].strip().lower() == b"text/event-stream"
+    return False
 
 
 def _pause(scope: InterruptScope | None, seconds: float) -> None:

@@ -143,7 +143,7 @@ class SseDecoder:
     ) -> None:
         self._max_line_bytes = max_line_bytes
         self._max_data_chars = max_data_chars
-        self._pending = b""  # the start of a line whose end has not come
+        self._pending = bytearray()  # the start of a line whose end has not come
         self._skip_lf = False  # the last read ended with CR: an LF first is its CRLF
         self._data: list[str] = []
         self._size = 0
@@ -158,18 +158,26 @@ class SseDecoder:
             self._skip_lf = False
             if chunk[0] == _LF:
                 chunk = chunk[1:]
-        data = self._pending + chunk if self._pending else chunk
+        limit = self._max_line_bytes
+        if b"\n" not in chunk and b"\r" not in chunk:
+            # The middle of a line: kept without copying what came before.
+            self._pending += chunk
+            if limit is not None and len(self._pending) > limit:
+                raise _line_too_long(limit)
+            return []
+        if self._pending:
+            self._pending += chunk
+            data = bytes(self._pending)
+        else:
+            data = chunk
         if b"\r" in data:
             self._skip_lf = data[-1] == _CR
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         lines = data.split(b"\n")
-        self._pending = lines.pop()
-        limit = self._max_line_bytes
+        self._pending = bytearray(lines.pop())
         if limit is not None:
             if len(self._pending) > limit or any(len(line) > limit for line in lines):
-                raise ProviderResponseError(
-                    f"an event-stream line is longer than {limit} bytes (ResponseLimits.line_bytes)"
-                )
+                raise _line_too_long(limit)
         events: list[ServerSentEvent] = []
         for raw in lines:
             self._line(raw.decode("utf-8", "replace"), events)
@@ -179,7 +187,7 @@ class SseDecoder:
         """The events left when the stream ended (a last line without its end, an open event)."""
         events: list[ServerSentEvent] = []
         if self._pending:
-            pending, self._pending = self._pending, b""
+            pending, self._pending = self._pending, bytearray()
             self._line(pending.decode("utf-8", "replace"), events)
         if self._data:
             events.append(self._dispatch())
@@ -215,3 +223,9 @@ class SseDecoder:
         event = ServerSentEvent(data, self._event or "message", self._id)
         self._data, self._size, self._event = [], 0, ""
         return event
+
+
+def _line_too_long(limit: int) -> ProviderResponseError:
+    return ProviderResponseError(
+        f"an event-stream line is longer than {limit} bytes (ResponseLimits.line_bytes)"
+    )
