@@ -131,11 +131,9 @@ def proxy(
             )
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
-        gateway = Proxy(config)
-        info = gateway.probe()
-        slots = "unlimited" if gateway.admission.slots is None else str(gateway.admission.slots)
-        click.echo(f"wirecut proxy: upstream: {provider.label}", err=True)
-        click.echo(f"wirecut proxy: upstream is {info.kind}, {slots} in flight at once", err=True)
+        gateway = Proxy(config, say=lambda line: click.echo(line, err=True))
+        label = provider.label.replace(provider.base_url, gateway.upstream.base_url)
+        click.echo(f"wirecut proxy: upstream: {label}", err=True)
         if provider.note:
             click.echo(f"wirecut proxy: {provider.note}", err=True)
 

@@ -7,9 +7,9 @@ must be the proxy's own (a page of another site cannot spend its tokens); and
 with a client token, ``Authorization: Bearer TOKEN``, compared in constant
 time. What fails gets an OpenAI-shaped error and no record.
 
-The completion routes are plain ASGI apps (``Completions``): the whole life
-of a request, queue included, runs where its ``receive()`` is watched for the
-client's disconnect (``Exchange``).
+The completion routes are plain ASGI apps (``Completions``), which ``Guard``
+calls itself: the whole life of a request, queue included, runs where its
+``receive()`` is watched for the client's disconnect (``Exchange``).
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from wirecut.aio import cancel_on_disconnect, run_sync
 from wirecut.proxy._assemble import Endpoint
 from wirecut.proxy._metrics import CONTENT_TYPE
 from wirecut.proxy._proxy import DuplicateId, Proxy
 from wirecut.proxy._record import RecordReason
 from wirecut.proxy._request import BadRequest, check_request_id, parse_request
+from wirecut.proxy._upstream import BodyTooLarge
 from wirecut.proxy._wire import REQUEST_ID_HEADER, error_body, send_json
-from wirecut.scope import Interrupted
+from wirecut.scope import Interrupted, InterruptScope
 
 __all__ = ["Completions", "Guard", "create_app", "host_allowed"]
 
@@ -66,9 +66,14 @@ def host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
 class Guard:
     """Host, Origin and token checks in front of ``app`` (see the module docstring)."""
 
-    def __init__(self, app: ASGIApp, proxy: Proxy) -> None:
+    def __init__(
+        self, app: ASGIApp, proxy: Proxy, direct: dict[str, ASGIApp] | None = None
+    ) -> None:
         self.app = app
         self.proxy = proxy
+        # POST routes served without Starlette's router and middleware: a
+        # streamed token passes every wrapper of ``send`` once.
+        self._direct = direct or {}
         token = proxy.config.token
         self._token = None if token is None else token.encode()
 
@@ -86,7 +91,8 @@ class Guard:
         elif self._token is not None and not self._authorized(headers.get(b"authorization")):
             problem = (401, "token", "a valid token is required (Authorization: Bearer TOKEN)")
         if problem is None:
-            await self.app(scope, receive, send)
+            direct = self._direct.get(scope["path"]) if scope["method"] == "POST" else None
+            await (direct or self.app)(scope, receive, send)
             return
         status, why, message = problem
         self.proxy.metrics.rejected.labels(why).inc()
@@ -204,14 +210,17 @@ def create_app(proxy: Proxy) -> ASGIApp:
 
     async def passthrough(request: Request) -> Response:
         request_id = secrets.token_hex(12)
-        path = request.path_params["path"]
+        upstream = proxy.upstream
+        target = upstream.target(request.path_params["path"])
+        if request.url.query:
+            target += "?" + request.url.query
+        scope = InterruptScope(f"proxy-get-{request_id}")
+        limit = proxy.config.response_limits.body_bytes
         try:
-            async with cancel_on_disconnect(request) as scope:
-                status, content_type, body = await run_sync(
-                    proxy.upstream.get, path, request.url.query, scope=scope
-                )
-        except httpx.HTTPError as exc:
-            message = f"the upstream {proxy.upstream.base_url} could not be reached: {exc}"
+            async with cut_on_disconnect(request, scope):
+                status, content_type, body = await upstream.get(target, scope=scope, limit=limit)
+        except (httpx.HTTPError, BodyTooLarge) as exc:
+            message = f"the upstream {upstream.base_url} could not be reached: {exc}"
             return JSONResponse(_error(message, "upstream_error"), status_code=502)
         except Interrupted:
             return Response(status_code=499)  # The client left: nobody reads this.
@@ -235,14 +244,16 @@ def create_app(proxy: Proxy) -> ASGIApp:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        proxy.start()
+        await proxy.start()
         yield
         await proxy.shutdown()
 
+    completions: dict[str, ASGIApp] = {
+        "/v1/chat/completions": Completions(proxy, Endpoint.CHAT),
+        "/v1/completions": Completions(proxy, Endpoint.TEXT),
+    }
     app = Starlette(
         routes=[
-            Route("/v1/chat/completions", Completions(proxy, Endpoint.CHAT), methods=["POST"]),
-            Route("/v1/completions", Completions(proxy, Endpoint.TEXT), methods=["POST"]),
             Route("/v1/requests/{id}/cancel", cancel, methods=["POST"]),
             Route("/v1/{path:path}", passthrough, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
@@ -251,7 +262,25 @@ def create_app(proxy: Proxy) -> ASGIApp:
         exception_handlers={404: not_found, 405: not_found},
         lifespan=lifespan,
     )
-    return Guard(app, proxy)
+    return Guard(app, proxy, completions)
+
+
+@contextlib.asynccontextmanager
+async def cut_on_disconnect(request: Request, scope: InterruptScope) -> AsyncIterator[None]:
+    """Cancel ``scope`` if the client disconnects while the block runs (event loop)."""
+
+    async def watch() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                scope.cancel("disconnect")
+                return
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
 
 
 def _error(message: str, type_: str) -> dict[str, object]:

@@ -14,6 +14,8 @@ from typing import Literal
 
 import httpx
 
+from wirecut.provider import ResponseLimits
+
 __all__ = ["AUTO", "ProxyConfig"]
 
 #: ``upstream_slots`` that means "ask the upstream" (llama.cpp's /slots or /props).
@@ -42,6 +44,9 @@ class ProxyConfig:
     - ``allowed_hosts``: names besides loopback ones and IP addresses that
       the ``Host`` header may carry.
     - ``max_body_bytes``: the largest request body accepted.
+    - ``response_limits``: the bounds on what the upstream sends back (an
+      event's size, a whole answer's size), as the console's provider client
+      has them.
     """
 
     upstream: str
@@ -58,6 +63,7 @@ class ProxyConfig:
     data_dir: Path | None = None
     allowed_hosts: tuple[str, ...] = field(default=())
     max_body_bytes: int = 32 * 1024 * 1024
+    response_limits: ResponseLimits = field(default_factory=ResponseLimits)
 
     def __post_init__(self) -> None:
         _check_url(self.upstream)

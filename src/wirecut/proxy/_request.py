@@ -79,6 +79,7 @@ def parse_request(
             raise BadRequest("'messages' must be a non-empty array of message objects", "messages")
     elif "prompt" not in body:
         raise BadRequest("'prompt' is required", "prompt")
+    choices = _optional(body, "n", int, "a whole number") or 1
     body["stream"] = True
     body["stream_options"] = {**options, "include_usage": True}
     upstream = UpstreamRequest(
@@ -87,6 +88,7 @@ def parse_request(
         body=json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode(),
         stream=stream,
         include_usage=include_usage,
+        choices=max(choices, 1),
     )
     return ClientRequest(model=model, stream=stream, upstream=upstream)
 

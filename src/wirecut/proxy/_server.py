@@ -50,10 +50,11 @@ class ProxyServer:
         with ProxyServer(ProxyConfig(upstream=sim.base_url, port=0)) as proxy:
             client = OpenAI(base_url=proxy.base_url, api_key="none")
 
-    ``start()`` asks the upstream what it is (``upstream_slots="auto"``),
-    then listens. ``stop()`` cuts every live request (reason ``shutdown``),
-    stops uvicorn and joins its thread; a thread still alive after a forced
-    exit is a ``RuntimeError``. Not restartable.
+    ``start()`` asks the upstream what it is (``upstream_slots="auto"``;
+    bounded, see ``Proxy.start``), then listens. ``stop()`` cuts every live
+    request (reason ``shutdown``), stops uvicorn and joins its thread; a
+    thread still alive after a forced exit is a ``RuntimeError``. Not
+    restartable.
     """
 
     def __init__(self, config: ProxyConfig) -> None:
@@ -65,7 +66,6 @@ class ProxyServer:
 
     def start(self, timeout: float = 10.0) -> ProxyServer:
         """Ask the upstream what it is, then listen (see ``ServerThread.start``)."""
-        self.proxy.probe()
         self._thread.start(timeout)
         return self
 
