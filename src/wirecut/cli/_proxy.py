@@ -82,6 +82,13 @@ def _slots(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
     multiple=True,
     help="A name besides loopback names and IP addresses that the Host header may carry.",
 )
+@click.option(
+    "--max-body-bytes",
+    default=4 * 1024 * 1024,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="The largest request body accepted; a larger one is refused with 413.",
+)
 @data_dir_option
 def proxy(
     host: str,
@@ -93,6 +100,7 @@ def proxy(
     api_key_file: Path | None,
     request_timeout: float,
     allowed_hosts: tuple[str, ...],
+    max_body_bytes: int,
     data_dir: Path,
 ) -> None:
     """An OpenAI-compatible gateway whose client disconnect cuts the upstream request."""
@@ -128,6 +136,7 @@ def proxy(
                 request_timeout=request_timeout,
                 data_dir=data_dir,
                 allowed_hosts=allowed_hosts,
+                max_body_bytes=max_body_bytes,
             )
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None

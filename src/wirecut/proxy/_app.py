@@ -20,7 +20,7 @@ import hmac
 import ipaddress
 import secrets
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx
 from starlette.applications import Starlette
@@ -34,12 +34,12 @@ from wirecut.proxy._assemble import Endpoint
 from wirecut.proxy._metrics import CONTENT_TYPE
 from wirecut.proxy._proxy import DuplicateId, Proxy
 from wirecut.proxy._record import RecordReason
-from wirecut.proxy._request import BadRequest, check_request_id, parse_request
+from wirecut.proxy._request import BadRequest, check_request_id
 from wirecut.proxy._upstream import BodyTooLarge
 from wirecut.proxy._wire import REQUEST_ID_HEADER, error_body, send_json
 from wirecut.scope import Interrupted, InterruptScope
 
-__all__ = ["Completions", "Guard", "create_app", "host_allowed"]
+__all__ = ["Completions", "Guard", "confined", "create_app", "host_allowed"]
 
 _LOOPBACK_NAMES = frozenset({"localhost"})
 
@@ -129,17 +129,20 @@ class Completions:
         except BadRequest as exc:
             await self._reject(send, 400, "request_id", exc.message, None, exc.param)
             return
-        raw = await _read_body(receive, proxy.config.max_body_bytes)
+        limit = proxy.config.max_body_bytes
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+            raw: bytes | None = _TOO_LARGE  # Refused before a byte of it is read.
+        else:
+            raw = await _read_body(receive, limit)
         if raw is None:
             return  # The client left before its request was whole: nothing to do.
         if raw is _TOO_LARGE:
-            limit = proxy.config.max_body_bytes
-            await self._reject(
-                send, 413, "body", f"the request body exceeds {limit} bytes", request_id
-            )
+            message = f"the request body exceeds {limit} bytes (--max-body-bytes)"
+            await self._reject(send, 413, "body", message, request_id)
             return
         try:
-            request = parse_request(raw, self.endpoint, request_id, proxy.config.model)
+            request = await proxy.parser.parse(raw, self.endpoint, request_id, proxy.config.model)
         except BadRequest as exc:
             await self._reject(send, 400, "body", exc.message, request_id, exc.param)
             return
@@ -211,9 +214,14 @@ def create_app(proxy: Proxy) -> ASGIApp:
     async def passthrough(request: Request) -> Response:
         request_id = secrets.token_hex(12)
         upstream = proxy.upstream
-        target = upstream.target(request.path_params["path"])
-        if request.url.query:
-            target += "?" + request.url.query
+        path = confined(request.path_params["path"])
+        if path is None:
+            message = f"GET {request.url.path} is not served by wirecut proxy"
+            return JSONResponse(_error(message, "invalid_request_error"), status_code=404)
+        target = upstream.target(path)
+        query = request.scope["query_string"].decode("latin-1")
+        if query:
+            target += "?" + query
         scope = InterruptScope(f"proxy-get-{request_id}")
         limit = proxy.config.response_limits.body_bytes
         try:
@@ -222,6 +230,8 @@ def create_app(proxy: Proxy) -> ASGIApp:
         except (httpx.HTTPError, BodyTooLarge) as exc:
             message = f"the upstream {upstream.base_url} could not be reached: {exc}"
             return JSONResponse(_error(message, "upstream_error"), status_code=502)
+        except ValueError as exc:  # a query that cannot go on a request line
+            return JSONResponse(_error(str(exc), "invalid_request_error"), status_code=400)
         except Interrupted:
             return Response(status_code=499)  # The client left: nobody reads this.
         return Response(
@@ -281,6 +291,18 @@ async def cut_on_disconnect(request: Request, scope: InterruptScope) -> AsyncIte
         yield
     finally:
         watcher.cancel()
+
+
+def confined(path: str) -> str | None:
+    """``path`` (decoded, under ``/v1/``) quoted for the upstream; None if it would leave ``/v1``.
+
+    A dot segment (``..``, also sent as ``%2E%2E``), or a backslash that a
+    server may read as a slash, would reach the upstream's other routes
+    (``/slots``, ``/metrics``) with the proxy's key.
+    """
+    if "\\" in path or any(segment in (".", "..") for segment in path.split("/")):
+        return None
+    return quote(path, safe="/:@!$&'()*+,;=-._~")
 
 
 def _error(message: str, type_: str) -> dict[str, object]:

@@ -43,7 +43,7 @@ from wirecut.proxy._record import ProxyRecord, RecordReason
 from wirecut.proxy._relay import Outcome, RelayResult, relay
 from wirecut.proxy._request import ClientRequest
 from wirecut.proxy._upstream import Upstream
-from wirecut.proxy._wire import error_body, error_event, send_body, send_json, send_start
+from wirecut.proxy._wire import FINAL, error_body, error_event, send_body, send_json, send_start
 from wirecut.scope import InterruptScope
 
 __all__ = ["Exchange", "ExchangeContext", "ExchangeState"]
@@ -52,7 +52,8 @@ _log = logging.getLogger("wirecut.proxy")
 
 # What a client still connected gets when its request was cut: the HTTP
 # status (499 is gRPC's and nginx's "cancelled by the client's side"), the
-# error type and a message.
+# error type and a message. A timeout and a cancel by id are final: an SDK
+# must not send the request again (``FINAL``); a stopping proxy's 503 may be.
 _CUT_ANSWERS = {
     RecordReason.CANCEL: (499, "cancelled", "the request was cancelled by id"),
     RecordReason.TIMEOUT: (504, "timeout", "the request took longer than --request-timeout"),
@@ -278,4 +279,6 @@ class Exchange:
             await send_body(send, error_event(message, type_, type_), more=True)
             await send_body(send, b"")
         else:
-            await send_json(send, status, error_body(message, type_, code=type_), self.id)
+            extra = None if self.reason is RecordReason.SHUTDOWN else FINAL
+            body = error_body(message, type_, code=type_)
+            await send_json(send, status, body, self.id, extra=extra)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from wirecut.proxy._record import ProxyRecord
@@ -24,9 +24,16 @@ _MS_BUCKETS = (0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 1000
 
 
 class ProxyMetrics:
-    """The metrics of one proxy; ``gauges`` reads (in flight, queued, slots) at scrape time."""
+    """The metrics of one proxy; ``gauges`` reads (in flight, queued, slots) at scrape time.
 
-    def __init__(self, gauges: Callable[[], tuple[int, int, int | None]]) -> None:
+    ``records`` reads the record log's (pending, dropped) lines at scrape time.
+    """
+
+    def __init__(
+        self,
+        gauges: Callable[[], tuple[int, int, int | None]],
+        records: Callable[[], tuple[int, int]] = lambda: (0, 0),
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "wirecut_proxy_requests",
@@ -62,7 +69,7 @@ class ProxyMetrics:
             buckets=_MS_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(_Gauges(gauges))
+        self.registry.register(_Gauges(gauges, records))
 
     def observe(self, record: ProxyRecord) -> None:
         self.requests.labels(str(record.status), str(record.reason or "none")).inc()
@@ -78,8 +85,13 @@ class ProxyMetrics:
 
 
 class _Gauges(Collector):
-    def __init__(self, read: Callable[[], tuple[int, int, int | None]]) -> None:
+    def __init__(
+        self,
+        read: Callable[[], tuple[int, int, int | None]],
+        records: Callable[[], tuple[int, int]],
+    ) -> None:
         self._read = read
+        self._records = records
 
     def collect(self) -> Iterable[Metric]:
         in_flight, queued, slots = self._read()
@@ -93,4 +105,15 @@ class _Gauges(Collector):
             "wirecut_proxy_upstream_slots",
             "Requests the proxy lets in flight at once (-1: unlimited).",
             value=-1 if slots is None else slots,
+        )
+        pending, dropped = self._records()
+        yield GaugeMetricFamily(
+            "wirecut_proxy_records_pending",
+            "Records waiting for a write to proxy.jsonl that can succeed (a full disk).",
+            value=pending,
+        )
+        yield CounterMetricFamily(
+            "wirecut_proxy_records_dropped",
+            "Records that could neither be written nor kept for a later write.",
+            value=dropped,
         )

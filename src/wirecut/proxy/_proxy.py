@@ -20,7 +20,9 @@ from wirecut.proxy._admission import Admission
 from wirecut.proxy._config import AUTO, ProxyConfig
 from wirecut.proxy._exchange import Exchange, ExchangeContext, ExchangeState
 from wirecut.proxy._metrics import ProxyMetrics
-from wirecut.proxy._record import RECORD_FILE, RecordLog, RecordReason
+from wirecut.proxy._parsing import BodyParser
+from wirecut.proxy._record import RECORD_FILE, RecordReason
+from wirecut.proxy._record_log import RecordLog
 from wirecut.proxy._request import ClientRequest
 from wirecut.proxy._upstream import Upstream, UpstreamInfo, UpstreamKind
 
@@ -54,8 +56,13 @@ class Proxy:
         self.info = UpstreamInfo(UpstreamKind.UNREACHABLE, None)
         self.admission = Admission(None if config.upstream_slots == AUTO else config.upstream_slots)
         self.live: dict[str, Exchange] = {}
-        self.metrics = ProxyMetrics(self._gauges)
-        self.log = RecordLog(None if config.data_dir is None else config.data_dir / RECORD_FILE)
+        self.log = RecordLog(
+            None if config.data_dir is None else config.data_dir / RECORD_FILE,
+            max_bytes=config.records_max_bytes,
+            backups=config.records_backups,
+        )
+        self.metrics = ProxyMetrics(self._gauges, lambda: (self.log.pending, self.log.dropped))
+        self.parser = BodyParser()
         self._context = ExchangeContext(
             upstream=self.upstream,
             admission=self.admission,
@@ -65,11 +72,15 @@ class Proxy:
             finished=self.finished,
         )
         self._learner: asyncio.Task[None] | None = None
+        #: The event loop the proxy runs on (set by ``start()``): where its
+        #: requests live, and where ``Exchange.cancel`` may be called.
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     # -- event loop ----------------------------------------------------------------
 
     async def start(self) -> None:
         """Ask the upstream what it is (``FIRST_PROBE_BOUND`` s at most); go on asking if needed."""
+        self.loop = asyncio.get_running_loop()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(FIRST_PROBE_BOUND):
                 await self.probe()
@@ -147,7 +158,8 @@ class Proxy:
     # -- any thread ------------------------------------------------------------------
 
     def close(self) -> None:
-        """Flush and close the record file (after the loop stopped)."""
+        """Flush and close the record file, stop the body parser (after the loop stopped)."""
+        self.parser.close()
         self.log.close()
 
     # -- internals ---------------------------------------------------------------------

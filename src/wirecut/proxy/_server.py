@@ -12,6 +12,7 @@ hands over to uvicorn.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from types import TracebackType
 
@@ -89,6 +90,13 @@ class ProxyServer:
     @property
     def port(self) -> int:
         return self._thread.address[1]
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the proxy runs on (for ``asyncio.run_coroutine_threadsafe``)."""
+        if self.proxy.loop is None:
+            raise RuntimeError("the proxy is not running")
+        return self.proxy.loop
 
     @property
     def url(self) -> str:
