@@ -175,6 +175,33 @@ def test_a_client_that_stops_reading_holds_no_answer_and_cancel_by_id_cuts_it(
     assert (answer.json()["status"], answer.json()["reason"]) == ("cancelled", "cancel")
 
 
+def test_a_client_that_reads_slowly_gets_the_whole_stream_in_order(tmp_path: Path) -> None:
+    # Far more than every buffer between the upstream and the client holds:
+    # the relay stops and starts reading the upstream many times.
+    events = [chunk(f"{n:06d}" + "z" * 2000) for n in range(3000)]
+
+    with behind(lambda ex: ex.sse(events), tmp_path) as (_, setup):
+        conn = socket.socket()
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        conn.connect(("127.0.0.1", setup.proxy.port))
+        body = json.dumps(chat(stream=True)).encode()
+        conn.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        )
+        conn.settimeout(BOUND)
+        status, _, raw = read_response(conn)
+        conn.close()
+        record = setup.record()
+    assert status == 200
+    got = [json.loads(line[6:]) for line in raw.split(b"\n\n") if line.startswith(b"data: {")]
+    assert [c["choices"][0]["delta"]["content"][:6] for c in got] == [
+        f"{n:06d}" for n in range(3000)
+    ]
+    assert raw.endswith(b"data: [DONE]\n\n")
+    assert (record["status"], record["usage"]["completion_tokens"]) == ("ok", 3000)
+
+
 # -- what the upstream sends back is bounded ---------------------------------------------------
 
 
@@ -290,6 +317,7 @@ def test_done_ends_the_request_though_the_upstream_keeps_its_response_open(
         client = setup.sdk(max_retries=0)
         first = client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
         second = client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+        setup.wait_health(lambda _: len(setup.records()) == 2)
         records = setup.records()
         assert upstream.wait_closes(2, BOUND)  # Not reusable: closed, not left hanging.
     assert first.choices[0].message.content == second.choices[0].message.content == "hi"

@@ -98,6 +98,7 @@ class _Connection(asyncio.Protocol):
         self.head_bytes = 0
         self.paused = False
         self.idle_since = 0.0
+        self.delivery: _Delivery | None = None  # set by AsyncH1Response.deliver
         self._max_head = max_head
 
     # -- asyncio's callbacks ---------------------------------------------------------
@@ -129,6 +130,9 @@ class _Connection(asyncio.Protocol):
                 self.error = httpx.RemoteProtocolError(
                     f"the response head exceeds {self._max_head} bytes"
                 )
+        if self.delivery is not None:
+            self.delivery.pump()  # Its consumer paces the reading itself.
+            return
         self.unread += len(data)
         if self.unread > READ_HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
@@ -149,6 +153,9 @@ class _Connection(asyncio.Protocol):
     # -- used by the client and the response ------------------------------------------
 
     def _wake(self) -> None:
+        if self.delivery is not None:
+            self.delivery.pump()
+            return
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -190,12 +197,61 @@ class _Connection(asyncio.Protocol):
         self.let_go()
         self.closed = True
         self.parser = None
+        self.delivery = None
         dup, self.dup = self.dup, None
         if dup is not None:
             cut_socket(dup)  # The FIN goes out now, not when asyncio closes its fd later.
             dup.close()
         if self.transport is not None:
             self.transport.abort()
+
+
+class _Delivery:
+    """A response body handed to a callback as it arrives (``AsyncH1Response.deliver``)."""
+
+    __slots__ = ("conn", "done", "on_body", "parser", "scope")
+
+    def __init__(
+        self,
+        conn: _Connection,
+        parser: ResponseParser,
+        on_body: Callable[[bytes], None],
+        scope: InterruptScope | None,
+    ) -> None:
+        self.conn = conn
+        self.parser = parser
+        self.on_body = on_body
+        self.scope = scope
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def pump(self) -> None:
+        """Hand over what arrived; end ``done`` at the body's end or failure (the read callback)."""
+        if self.done.done():
+            return
+        conn, parser = self.conn, self.parser
+        try:
+            data = parser.take_body()
+            if data:
+                conn.unread = 0
+                self.on_body(data)
+                if self.done.done():
+                    return
+            if not parser.complete and (conn.error is not None or conn.closed):
+                raise_if_cut(self.scope)  # A cut reads as the end: say it was the cut.
+                _raise_for(conn)
+                try:
+                    parser.feed_eof()
+                except ResponseProtocolError as exc:
+                    raise httpx.RemoteProtocolError(str(exc)) from None
+                data = parser.take_body()
+                if data:
+                    self.on_body(data)
+        except BaseException as exc:
+            if not self.done.done():
+                self.done.set_exception(exc)
+            return
+        if parser.complete and not self.done.done():
+            self.done.set_result(None)
 
 
 class _NothingCame(Exception):
@@ -273,11 +329,45 @@ class AsyncH1Response:
                 continue  # Complete: its body was "until the connection closes".
             await conn.wait()
 
+    def deliver(self, on_body: Callable[[bytes], None]) -> asyncio.Future[None]:
+        """Hand the rest of the body to ``on_body`` as it arrives, from the read callback.
+
+        For a long stream of small pieces: no task wakes per piece. ``on_body``
+        runs on the event loop inside the connection's read callback, must
+        not block, and may call ``pause_reading()``. The future returned ends
+        with None at the body's end, or with what ``receive()`` would have
+        raised (``Interrupted`` for a cut); ``close()`` then as usual. Call
+        once, instead of ``receive()``.
+
+        Cancellation: a cancel of the task awaiting the future does not stop
+        the delivery; ``close()`` does (the connection is then not reused).
+        """
+        conn = self._conn
+        if conn is None:
+            raise RuntimeError("the response was closed")
+        delivery = _Delivery(conn, self._parser, on_body, self._scope)
+        conn.delivery = delivery
+        delivery.pump()  # What arrived before.
+        return delivery.done
+
+    def pause_reading(self) -> None:
+        """Stop reading the socket until ``resume_reading()`` (the server's writes then wait)."""
+        conn = self._conn
+        if conn is not None and not conn.paused and conn.transport is not None:
+            conn.paused = True
+            conn.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        conn = self._conn
+        if conn is not None:
+            conn.resume()
+
     def close(self) -> None:
         """Let the connection go (see the class docstring). Idempotent."""
         conn, self._conn = self._conn, None
         if conn is None:
             return
+        conn.delivery = None
         parser = self._parser
         reusable = (
             parser.complete

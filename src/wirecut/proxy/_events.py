@@ -18,10 +18,20 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["DELTA", "DONE", "PARSE", "EventSplitter", "EventTooLarge", "encode"]
+__all__ = [
+    "DELTA",
+    "DONE",
+    "DONE_BLOCK",
+    "PARSE",
+    "EventSplitter",
+    "EventTooLarge",
+    "encode",
+    "parse_block",
+]
 
-#: The data of the event that ends an OpenAI stream.
+#: The data of the event that ends an OpenAI stream, and that event as sent.
 DONE = b"[DONE]"
+DONE_BLOCK = b"data: [DONE]"
 
 #: A finish_reason that is a string (not null), a usage that is an object
 #: (not null), or an "error" field: the chunks that must be parsed.
@@ -76,18 +86,19 @@ class EventSplitter:
         for block in blocks:
             if block.startswith(b"data: ") and b"\n" not in block:
                 events.append((None, block[6:], block + b"\n\n"))  # The common case.
-            elif (event := _parse(block)) is not None:
+            elif (event := parse_block(block)) is not None:
                 events.append((event[0], event[1], encode(*event)))
         return events
 
     def end(self) -> list[tuple[bytes | None, bytes, bytes]]:
         """The event a stream left open (no blank line after it), if any."""
         block, self._buffer = self._buffer.rstrip(b"\r\n"), b""
-        event = _parse(block) if block else None
+        event = parse_block(block) if block else None
         return [] if event is None else [(event[0], event[1], encode(*event))]
 
 
-def _parse(block: bytes) -> tuple[bytes | None, bytes] | None:
+def parse_block(block: bytes) -> tuple[bytes | None, bytes] | None:
+    """``(name, data)`` of one event (its lines, without the blank line); None if it has no data."""
     name: bytes | None = None
     data: list[bytes] = []
     for line in block.split(b"\n"):

@@ -35,7 +35,17 @@ from starlette.types import Send
 from wirecut._json import JSONError, loads
 from wirecut.provider import ResponseLimits
 from wirecut.proxy._assemble import Assembler, Endpoint, Tally
-from wirecut.proxy._events import DELTA, DONE, PARSE, EventSplitter, EventTooLarge, encode
+from wirecut.proxy._eager import EagerSender
+from wirecut.proxy._events import (
+    DELTA,
+    DONE,
+    DONE_BLOCK,
+    PARSE,
+    EventSplitter,
+    EventTooLarge,
+    encode,
+    parse_block,
+)
 from wirecut.proxy._upstream import BodyTooLarge, Upstream, read_bounded
 from wirecut.scope import Interrupted, InterruptScope
 
@@ -216,58 +226,161 @@ async def _stream(
 ) -> RelayResult:
     """Relay the events to a streaming client, looking at each only as much as needed.
 
-    The loop below runs once per read of the upstream socket (a token, or a
-    burst of them): it is what a relayed token costs, so it stays flat.
+    The events are taken in the upstream connection's read callback
+    (``AsyncH1Response.deliver``) and sent on at once (``EagerSender``): a
+    relayed token wakes no task. While the client does not take what was
+    sent, the upstream is not read.
     """
     await downstream.start()
-    send = downstream.send
-    receive = response.receive
-    splitter = EventSplitter(limits.line_bytes)
-    feed = splitter.feed
-    parse, delta = PARSE.search, DELTA.search
-    first = True  # The first event is parsed whole: it names the model.
-    while True:
-        data = await receive()
-        events = feed(data) if data else splitter.end()
-        out: list[bytes] = []
-        for name, payload, wire in events:
-            if payload == DONE:
-                out.append(_DONE_EVENT)
-                await send({"type": _BODY, "body": b"".join(out), "more_body": True})
-                return RelayResult(Outcome.COMPLETE)
-            if name is None and not first and parse(payload) is None:
-                if delta(payload) is not None:
-                    tally.deltas += 1
-                out.append(wire)
-                continue
-            first = False
-            chunk = _chunk(payload)
-            if name == b"error" or (isinstance(chunk, dict) and "error" in chunk):
-                out.append(wire)
-                await send({"type": _BODY, "body": b"".join(out), "more_body": True})
-                return _error_event(payload, chunk, told_client=True)
-            if isinstance(chunk, dict):
-                tally.add(chunk)
-                if (
-                    not request.include_usage
-                    and chunk.get("choices") == []
-                    and chunk.get("usage") is not None
-                ):
-                    continue  # The usage chunk the proxy asked for, not the client.
-            elif chunk is _TOO_DEEP:
-                return RelayResult(
-                    Outcome.FAILED, error="the upstream sent an event nested too deeply"
+    relay = _StreamRelay(response, request, tally, downstream.send, limits.line_bytes)
+    body_ended = response.deliver(relay.on_body)
+    try:
+        await asyncio.wait((body_ended, relay.ended), return_when=asyncio.FIRST_COMPLETED)
+        if not relay.ended.done():
+            body_ended.result()  # The upstream's error, or the cut (Interrupted).
+            relay.end_of_body()
+        result = relay.ended.result()
+        await relay.sender.drain()
+        return result
+    finally:
+        relay.sender.close()
+
+
+class _StreamRelay:
+    """The events of one stream, taken as they arrive and pushed to the client."""
+
+    def __init__(
+        self,
+        response: Any,
+        request: UpstreamRequest,
+        tally: Tally,
+        send: Send,
+        most: int,
+    ) -> None:
+        self.request = request
+        self.tally = tally
+        self.most = most
+        self.sender = EagerSender(send, response.pause_reading, response.resume_reading)
+        self.ended: asyncio.Future[RelayResult] = asyncio.get_running_loop().create_future()
+        self._rest = b""  # an event begun in one read and not ended yet
+        self._first = True  # The first event is parsed whole: it names the model.
+
+    def _push(self, body: bytes) -> None:
+        self.sender.push({"type": _BODY, "body": body, "more_body": True})
+
+    def _end(self, result: RelayResult) -> None:
+        if not self.ended.done():
+            self.ended.set_result(result)
+
+    def on_body(self, data: bytes) -> None:
+        """Take what one read brought (the upstream connection's read callback).
+
+        It runs once per read of the upstream socket (a token, or a burst of
+        them): it is what a relayed token costs, so it stays flat. A read
+        made only of plain ``data:`` events that need no parse (the usual
+        token) goes to the client as the very bytes that came.
+        """
+        if self.ended.done():
+            return
+        rest = self._rest
+        buffer = rest + data if rest else data
+        if b"\r" in buffer:
+            # A CR kept at the end waits for its LF in the next piece.
+            buffer = buffer.replace(b"\r\n", b"\n")
+        blocks = buffer.split(b"\n\n")
+        self._rest = rest = blocks.pop()
+        if len(rest) > self.most:
+            self._end(
+                RelayResult(
+                    Outcome.FAILED,
+                    error=f"an event of the upstream's stream exceeds {self.most} bytes",
                 )
-            out.append(wire)
+            )
+            return
+        if not blocks:
+            return
+        whole = not rest and buffer is data  # Sent as it came, if nothing below objects.
+        out: list[bytes] = []
+        parse, delta, tally = PARSE.search, DELTA.search, self.tally
+        for block in blocks:
+            if block == DONE_BLOCK:
+                out.append(DONE_BLOCK)
+                self._push(_joined(out))
+                self._end(RelayResult(Outcome.COMPLETE))
+                return
+            if (
+                not self._first
+                and block.startswith(b"data: ")
+                and b"\n" not in block
+                and parse(block) is None
+            ):
+                if delta(block) is not None:
+                    tally.deltas += 1
+                out.append(block)
+                continue
+            self._first = False
+            ended = _look_closer(block, self.request, tally, out)
+            if ended is not None:
+                if out:
+                    self._push(_joined(out))
+                self._end(ended)
+                return
+            whole = False
         if out:
-            await send({"type": _BODY, "body": b"".join(out), "more_body": True})
-        if not data:
-            break
-    if not tally.all_finished(request.choices):
-        return RelayResult(Outcome.FAILED, error=_ENDED_EARLY)
-    # Finished without [DONE]: the client still gets its end.
-    await send({"type": _BODY, "body": _DONE_EVENT, "more_body": True})
-    return RelayResult(Outcome.COMPLETE)
+            self._push(data if whole and len(out) == len(blocks) else _joined(out))
+
+    def end_of_body(self) -> None:
+        """The upstream's body ended without [DONE]: take the event it left open, if any."""
+        rest = self._rest.strip(b"\r\n")
+        out: list[bytes] = []
+        if rest:
+            ended = _look_closer(rest, self.request, self.tally, out)
+            if out:
+                self._push(_joined(out))
+            if ended is not None:
+                self._end(ended)
+                return
+        if not self.tally.all_finished(self.request.choices):
+            self._end(RelayResult(Outcome.FAILED, error=_ENDED_EARLY))
+            return
+        # Finished without [DONE]: the client still gets its end.
+        self._push(_DONE_EVENT)
+        self._end(RelayResult(Outcome.COMPLETE))
+
+
+def _joined(blocks: list[bytes]) -> bytes:
+    """Events on the wire, from their blocks (each without its blank line)."""
+    return b"\n\n".join(blocks) + b"\n\n"
+
+
+def _look_closer(
+    block: bytes, request: UpstreamRequest, tally: Tally, out: list[bytes]
+) -> RelayResult | None:
+    """Parse one event; append the block the client gets to ``out``; a result if it ends."""
+    event = parse_block(block)
+    if event is None:
+        return None  # A comment, or an event without data: nothing to pass on.
+    name, payload = event
+    if payload == DONE:
+        out.append(DONE_BLOCK)
+        return RelayResult(Outcome.COMPLETE)
+    wire = encode(name, payload)[:-2]
+    chunk = _chunk(payload)
+    if name == b"error" or (isinstance(chunk, dict) and "error" in chunk):
+        out.append(wire)
+        return _error_event(payload, chunk, told_client=True)
+    if isinstance(chunk, dict):
+        tally.add(chunk)
+        if (
+            not request.include_usage
+            and chunk.get("choices") == []
+            and chunk.get("usage") is not None
+        ):
+            return None  # The usage chunk the proxy asked for, not the client.
+    elif chunk is _TOO_DEEP:
+        return RelayResult(Outcome.FAILED, error="the upstream sent an event nested too deeply")
+    out.append(wire)
+    return None
 
 
 async def _assemble(
