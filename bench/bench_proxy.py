@@ -1,7 +1,9 @@
 """``wirecut proxy`` side by side with direct requests and with LiteLLM's proxy.
 
-Run: ``python bench/bench_proxy.py [--quick] [--no-litellm] [--only overhead|burst|cuts]``.
-Prints Markdown tables and asserts nothing.
+Run: ``python bench/bench_proxy.py [--quick] [--no-litellm]
+[--only overhead|scale|burst|cuts] [--levels 1,64,256,1000] [--out FILE]``.
+Prints Markdown tables (and, with ``--out``, writes them as JSON) and asserts
+nothing.
 
 Every system runs as its own process on loopback in front of the same
 upstream, the simulator (``wirecut provider``, its own process): direct
@@ -14,10 +16,19 @@ remote cost map is off, so it makes no request off this machine).
    requests one at a time, the systems taking turns); CPU per 1,000 streamed
    tokens (the proxy process's user+system time over 8 concurrent streams);
    RSS after that load; start-up time (spawn to its health answer).
-2. At 64 concurrent streams: every client closes its socket at once;
+2. Scale: 1, 64, 256 and 1,000 concurrent streams (the simulator at 20
+   tokens/s a stream, ``--prompt-ms 0``), the systems taking turns at each
+   level, each load opened at once by one cheap asyncio client process
+   (``_stream_load.py``): streams that had a first token within the start
+   bound, time to first token p50 (and what the system added to direct),
+   tokens/s relayed over a window once all had started (and the ratio to
+   direct), the system's CPU per 1,000 tokens over that window, its RSS and
+   threads at the end of it. Then ``wirecut proxy`` gets SIGTERM with 1,000
+   streams open: how long until it exited.
+3. At 64 and 256 concurrent streams: every client closes its socket at once;
    cancel -> upstream close is the time from that moment to the simulator
    noticing each close (its ``t_disconnect``), p50/p99.
-3. The cut table of issue 19, on the simulator (one slot): a client that
+4. The cut table of issue 19, on the simulator (one slot): a client that
    leaves while streaming, while waiting for a whole answer, while queued
    behind another request, during a 5 s prompt phase; whether the slot was
    freed, whether the dead queued client reached the engine, how many
@@ -34,6 +45,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -49,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx
 
-from _procs import Process, percentile, status_kib
+from _procs import Process, machine, percentile, status_kib
 
 LITELLM = "litellm[proxy]==1.108.7"
 BOUND = 10.0
@@ -85,6 +97,17 @@ def cpu_seconds(pid: int) -> float:
             continue
         total += int(fields[11]) + int(fields[12])  # utime, stime
     return total / TICK
+
+
+def threads(pid: int) -> int:
+    """Threads of ``pid`` and its descendants."""
+    total = 0
+    for each in _tree(pid):
+        try:
+            total += len(os.listdir(f"/proc/{each}/task"))
+        except OSError:
+            continue
+    return total
 
 
 def rss_mib(pid: int) -> float:
@@ -422,7 +445,155 @@ def overhead(sim: Sim, systems: list[System], quick: bool) -> None:
     )
 
 
-# -- 2. 64 streams cancelled at once ---------------------------------------------------------------
+# -- 2. scale ------------------------------------------------------------------------------------
+
+LOAD = Path(__file__).resolve().parent / "_stream_load.py"
+#: Seconds a level's streams may take to have their first token, all of them.
+START_BOUND = 60.0
+
+
+@dataclass
+class Level:
+    """One system at one level of concurrent streams."""
+
+    system: str
+    streams: int
+    started: int = 0
+    ttft_p50: float | None = None
+    tokens_per_s: float = 0.0
+    cpu_ms_per_1000: float | None = None
+    rss_mib: float | None = None
+    threads: int | None = None
+
+
+def run_level(system: System, streams: int, window: float) -> Level:
+    """``streams`` streams through ``system``; measured over ``window`` s once all started."""
+    load = subprocess.Popen(
+        [sys.executable, str(LOAD), system.base_url, str(streams), str(window), str(START_BOUND)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert load.stdout is not None
+    level = Level(system.name, streams)
+    try:
+        first = json.loads(load.stdout.readline())
+        cpu_before = None if system.proc is None else cpu_seconds(system.proc.pid)
+        second = json.loads(load.stdout.readline())
+        cpu_after = None if system.proc is None else cpu_seconds(system.proc.pid)
+        level.started = first["started"]
+        level.ttft_p50 = percentile(first["ttft_ms"], 50)
+        level.tokens_per_s = second["tokens"] / second["seconds"]
+        if system.proc is not None and cpu_before is not None and cpu_after is not None:
+            level.cpu_ms_per_1000 = (
+                (cpu_after - cpu_before) * 1000 / max(second["tokens"], 1) * 1000
+            )
+            level.rss_mib = rss_mib(system.proc.pid)
+            level.threads = threads(system.proc.pid)
+    finally:
+        load.wait(60)
+    return level
+
+
+def sigterm_exit(upstream: str, work: Path, streams: int) -> tuple[int, float, int | None]:
+    """(streams started, seconds from SIGTERM to exit, exit code) of a proxy serving ``streams``."""
+    system = start_wirecut(upstream, work)
+    assert system.proc is not None
+    load = subprocess.Popen(
+        [sys.executable, str(LOAD), system.base_url, str(streams), "60", str(START_BOUND)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert load.stdout is not None
+    try:
+        started = json.loads(load.stdout.readline())["started"]
+        signalled = time.monotonic()
+        system.proc.send_signal(signal.SIGTERM)
+        try:
+            code: int | None = system.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            code = None
+        took = time.monotonic() - signalled
+    finally:
+        load.kill()
+        load.wait()
+        system.stop()
+    return started, took, code
+
+
+def scale(
+    sim: Sim, systems: list[System], levels: list[int], window: float, work: Path
+) -> list[dict[str, Any]]:
+    direct = System("direct", sim.base_url)
+    found: list[Level] = []
+    for streams in levels:
+        order = [direct, *systems]
+        random.shuffle(order)
+        for system in order:
+            print(f"scale: {system.name} x {streams}", file=sys.stderr)
+            found.append(run_level(system, streams, window))
+            sim.wait_idle(120)
+    rows = []
+    for level in found:
+        base = next(x for x in found if x.system == "direct" and x.streams == level.streams)
+        added = (
+            None
+            if level.ttft_p50 is None or base.ttft_p50 is None or level is base
+            else level.ttft_p50 - base.ttft_p50
+        )
+        rows.append(
+            {
+                "system": level.system,
+                "streams": level.streams,
+                "started": level.started,
+                "ttft_p50_ms": level.ttft_p50,
+                "ttft_added_p50_ms": added,
+                "tokens_per_s": round(level.tokens_per_s, 1),
+                "vs_direct": round(level.tokens_per_s / base.tokens_per_s, 3)
+                if base.tokens_per_s
+                else None,
+                "cpu_ms_per_1000_tokens": level.cpu_ms_per_1000,
+                "rss_mib": level.rss_mib,
+                "threads": level.threads,
+            }
+        )
+    print(f"### Scale (load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores)\n")
+
+    def fmt(value: float | None, spec: str, unit: str = "") -> str:
+        return "-" if value is None else f"{value:{spec}}{unit}"
+
+    table(
+        [
+            "through",
+            "streams",
+            "started",
+            "time to first token p50",
+            "added p50",
+            "tokens/s",
+            "vs direct",
+            "CPU per 1,000 tokens",
+            "RSS",
+            "threads",
+        ],
+        [
+            [
+                r["system"],
+                str(r["streams"]),
+                f"{r['started']}/{r['streams']}",
+                fmt(r["ttft_p50_ms"], ".2f", " ms"),
+                fmt(r["ttft_added_p50_ms"], "+.2f", " ms"),
+                f"{r['tokens_per_s']:.0f}",
+                fmt(r["vs_direct"], ".1%"),
+                fmt(r["cpu_ms_per_1000_tokens"], ".1f", " ms"),
+                fmt(r["rss_mib"], ".0f", " MiB"),
+                fmt(r["threads"], "d"),
+            ]
+            for r in sorted(rows, key=lambda r: (r["streams"], r["system"] != "direct"))
+        ],
+    )
+    return rows
+
+
+# -- 3. streams cancelled at once ---------------------------------------------------------------
 
 
 def burst(sim: Sim, systems: list[System], streams: int, bursts: int) -> None:
@@ -483,7 +654,7 @@ def burst(sim: Sim, systems: list[System], streams: int, bursts: int) -> None:
     )
 
 
-# -- 3. the cut table --------------------------------------------------------------------------
+# -- 4. the cut table --------------------------------------------------------------------------
 
 
 @dataclass
@@ -570,7 +741,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer trials")
     parser.add_argument("--no-litellm", action="store_true", help="wirecut proxy and direct only")
     parser.add_argument("--litellm-venv", type=Path, default=Path("/tmp/litellm-venv"))
-    parser.add_argument("--only", choices=["overhead", "burst", "cuts"], default=None)
+    parser.add_argument("--only", choices=["overhead", "scale", "burst", "cuts"], default=None)
+    parser.add_argument(
+        "--levels", default="1,64,256,1000", help="the scale's numbers of concurrent streams"
+    )
+    parser.add_argument("--window", type=float, default=10.0, help="seconds measured a level")
+    parser.add_argument("--bursts", default="64,256", help="the burst's numbers of streams")
+    parser.add_argument("--out", type=Path, help="write the scale rows and the machine as JSON")
     args = parser.parse_args()
     program = None if args.no_litellm else ensure_litellm(args.litellm_venv)
     print(
@@ -578,6 +755,8 @@ def main() -> None:
     )
     work = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
     trials = 4 if args.quick else 10
+    levels = [int(n) for n in args.levels.split(",")]
+    bursts = [int(n) for n in args.bursts.split(",")]
 
     def systems_for(upstream: str, *, both_litellm: bool = False) -> list[System]:
         found = [start_wirecut(upstream, work)]
@@ -587,11 +766,13 @@ def main() -> None:
                 found.append(start_litellm(program, upstream, work, cancel_on_disconnect=True))
         return found
 
-    if args.only in (None, "overhead", "burst"):
-        # Fast for the overhead; 20 tokens/s for the burst, so that 64
-        # streams do not take the machine (and the simulator's log) over.
+    if args.only in (None, "overhead", "scale", "burst"):
+        # Fast for the overhead; 20 tokens/s for the scale and the burst, as
+        # a team's streams come (and so that a thousand of them do not take
+        # the simulator's log over).
         fast = Sim("--slots", "64", "--tokens-per-second", "500", "--prompt-ms", "0", "--endless")
-        slow = Sim("--slots", "64", "--tokens-per-second", "20", "--prompt-ms", "0", "--endless")
+        slots = str(max([*levels, *bursts]) + 16)
+        slow = Sim("--slots", slots, "--tokens-per-second", "20", "--prompt-ms", "0", "--endless")
         systems: list[System] = []
         try:
             if args.only in (None, "overhead"):
@@ -599,9 +780,35 @@ def main() -> None:
                 overhead(fast, systems, args.quick)
                 for system in systems:
                     system.stop()
+                systems = []
+            if args.only in (None, "scale"):
+                systems = systems_for(slow.base_url)
+                rows = scale(slow, systems, levels, args.window, work)
+                for system in systems:
+                    system.stop()
+                systems = []
+                most = max(levels)
+                started, took, code = sigterm_exit(slow.base_url, work, most)
+                slow.wait_idle(120)
+                print(
+                    f"SIGTERM to wirecut proxy with {started}/{most} streams open: "
+                    f"exited {code} after {took:.2f} s\n"
+                )
+                if args.out:
+                    args.out.write_text(
+                        json.dumps(
+                            {
+                                "machine": machine(),
+                                "scale": rows,
+                                "sigterm": {"streams": started, "exit_s": took, "code": code},
+                            },
+                            indent=1,
+                        )
+                    )
             if args.only in (None, "burst"):
                 systems = systems_for(slow.base_url)
-                burst(slow, systems, 64, 1 if args.quick else 2)
+                for streams in bursts:
+                    burst(slow, systems, streams, 1 if args.quick else 2)
         finally:
             for system in systems:
                 system.stop()
