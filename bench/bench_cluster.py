@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from _console import ConsoleClient
 from _procs import Process, percentile
 from _ray_cluster import WORKER_IP, RayCluster
-from wirecut.proof._sim_process import SimProcess
+from wirecut.proof import SimProcess
 from wirecut.simulator import SimConfig
 
 CONCURRENCY = (1, 16, 64)

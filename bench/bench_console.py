@@ -38,12 +38,10 @@ for both, labelled by side.
 Three processes, as in a deployment: the simulator (``wirecut provider``),
 the console (``wirecut serve``) and this client. The simulator is itself a
 single-threaded Python server: it reads 64 closes one after another, so its
-``t_disconnect`` of the last one includes its own queue. Prints a Markdown
-table, then each row's bursts by their last ``complete`` and last close (a
-burst's samples move together: over 15 bursts of 64, the ten slowest
-samples a p99 is read from can all be one burst's); asserts nothing
-(targets at 64: cancel -> complete p99 <= 25 ms, cancel -> provider close
-p99 <= 10 ms, 0 leaked; a cancel-all of 64 closes all within 5 ms).
+``t_disconnect`` of the last one includes its own queue. Prints Markdown
+tables (``--out DIR`` writes them as ``DIR/bench_console.json`` for
+docs/benchmarks.md); asserts nothing (targets at 64: cancel -> complete p99
+<= 25 ms, cancel -> provider close p99 <= 10 ms, 0 leaked).
 """
 
 from __future__ import annotations
@@ -51,7 +49,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import json
 import os
 import resource
 import statistics
@@ -67,7 +64,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from _console import ConsoleClient
-from _procs import Process, cpu_ms, machine, percentile
+from _procs import Process, cpu_ms, percentile
+from _report import Report
 from wirecut.provider import ChatClient
 from wirecut.scope import InterruptScope
 
@@ -291,61 +289,82 @@ def run(samples: int, sides: dict[str, str | None], rounds: int = 1) -> list[dic
     return rows
 
 
+def report(rows: list[dict[str, Any]]) -> Report:
+    """The tables of ``rows``: latency, each burst's last, and the CPU a burst took."""
+    made = Report(
+        "bench_console",
+        "The console's cancel, as deployed",
+        "`wirecut provider`, `wirecut serve` and a WebSocket client, three processes: `chat` "
+        "commands streaming at 50 tokens/s each are cancelled in bursts (a `cancel` frame "
+        "each, or one cancel-all); cancel -> `complete` at the client, cancel -> the "
+        'simulator seeing the close. "library alone": the same streams on `InterruptScope` '
+        "threads of one process, no console.",
+    )
+    made.data["rows"] = rows
+    latency = made.table(
+        "Cancel latency",
+        [
+            "commands at once",
+            "side",
+            "trials",
+            "cancel -> complete p50 / p99",
+            "cancel -> provider close p50 / p99",
+            "close never seen",
+            "worker exited",
+            "leaked",
+        ],
+    )
+    for row in rows:
+        latency.add(
+            row["concurrency"],
+            row["side"],
+            row["trials"],
+            f"{row['complete_p50']:.2f} / {row['complete_p99']:.2f} ms",
+            f"{row['close_p50']:.2f} / {row['close_p99']:.2f} ms",
+            row["never"],
+            f"{row['worker_exited']}/{row['trials']}",
+            row["leaked"],
+        )
+    cpu = made.table(
+        "What a burst cost the console",
+        [
+            "commands at once",
+            "side",
+            "first cancel -> last complete, median burst",
+            "console CPU a burst, median (library: its process)",
+            "of it, the event loop",
+            "slowest burst: wall / CPU",
+        ],
+        note="A burst whose CPU is its wall time is bound by the one GIL, not by a wait.",
+    )
+    for row in rows:
+        slowest = row["slowest_burst"]
+        loop = row["burst_loop_cpu"]
+        cpu.add(
+            row["concurrency"],
+            row["side"],
+            f"{row['burst_wall']:.2f} ms",
+            f"{row['burst_cpu']:.2f} ms",
+            "-" if loop is None else f"{loop:.2f} ms",
+            f"{slowest['wall']:.2f} / {slowest['cpu']:.2f} ms",
+        )
+    return made
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=192, help="cancels per concurrency")
-    parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
     parser.add_argument("--before", metavar="SRC", help="a wirecut source tree to run beside")
     parser.add_argument("--rounds", type=int, default=1, help="fresh processes, this many times")
-    parser.add_argument("--out", type=Path, help="write the rows and the machine to this JSON")
+    parser.add_argument("--out", type=Path, help="write bench_console.json into this folder")
     args = parser.parse_args()
     sides: dict[str, str | None] = {"this tree": None}
     if args.before:
         sides = {"before": args.before, "this tree": None}
-    rows = run(args.samples, sides, args.rounds)
+    made = report(run(args.samples, sides, args.rounds))
+    made.print()
     if args.out:
-        args.out.write_text(json.dumps({"machine": machine(), "rows": rows}, indent=1))
-    print(
-        "| commands at once | side | trials | cancel -> complete p50 | p99 "
-        "| cancel -> provider close p50 | p99 | close never seen | worker exited | leaked |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for row in rows:
-        print(
-            f"| {row['concurrency']} | {row['side']} | {row['trials']} "
-            f"| {row['complete_p50']:.2f} ms "
-            f"| {row['complete_p99']:.2f} ms | {row['close_p50']:.2f} ms "
-            f"| {row['close_p99']:.2f} ms | {row['never']} "
-            f"| {row['worker_exited']}/{row['trials']} | {row['leaked']} |"
-        )
-    print()
-    print("| commands at once | bursts | last complete of a burst: median / slowest | last close |")
-    print("|---|---|---|---|")
-    for row in rows:
-        last_complete, last_close = row["burst_last_complete"], row["burst_last_close"]
-        print(
-            f"| {row['concurrency']}, {row['side']} | {len(last_complete)} "
-            f"| {statistics.median(last_complete):.2f} / {last_complete[-1]:.2f} ms "
-            f"| {statistics.median(last_close):.2f} / {last_close[-1]:.2f} ms |"
-        )
-    print()
-    print(
-        "| commands at once | first cancel -> last complete | CPU the console ran meanwhile "
-        "(library: its process) | of it, the event loop |"
-    )
-    print("|---|---|---|---|")
-    for row in rows:
-        slowest = row["slowest_burst"]
-        for label, wall, cpu, loop_cpu in (
-            ("median burst", row["burst_wall"], row["burst_cpu"], row["burst_loop_cpu"]),
-            ("slowest burst", slowest["wall"], slowest["cpu"], slowest["loop_cpu"]),
-        ):
-            print(
-                f"| {row['concurrency']}, {row['side']}, {label} | {wall:.2f} ms | {cpu:.2f} ms "
-                f"| {'-' if loop_cpu is None else f'{loop_cpu:.2f} ms'} |"
-            )
-    if args.json:
-        print(json.dumps(rows))
+        made.write(args.out)
 
 
 if __name__ == "__main__":

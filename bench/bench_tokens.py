@@ -16,9 +16,9 @@ simulator and this client's own CPU are not counted.
 
 ``--before SRC`` (a wirecut ``src`` folder, e.g. of a ``git worktree`` at an
 older commit) runs the same servers from that tree, the two sides taking
-turns within each round, so that both meet the same machine. Prints a
-Markdown table (one row per server and side: median of the rounds, and the
-ratio); asserts nothing.
+turns within each round, so that both meet the same machine. Prints Markdown
+tables (``--out DIR`` writes them as ``DIR/bench_tokens.json`` for
+docs/benchmarks.md); asserts nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -42,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _console import ConsoleClient
-from _procs import Process, cpu_ms, machine
+from _procs import Process, cpu_ms
+from _report import Report
 
 
 def decoded(sim_root: str) -> int:
@@ -156,7 +156,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--before", metavar="SRC", help="a wirecut source tree to run beside")
     parser.add_argument("--only", choices=["console", "proxy"], default=None)
-    parser.add_argument("--out", type=Path, help="write the results and the machine as JSON")
+    parser.add_argument("--out", type=Path, help="write bench_tokens.json into this folder")
     args = parser.parse_args()
     sides: dict[str, str | None] = {"this tree": None}
     if args.before:
@@ -178,31 +178,38 @@ def main() -> None:
                     print(f"{server}, {side}: {us:.1f} us/token", file=sys.stderr)
     finally:
         sim.stop()
-    rows = []
+    made = Report(
+        "bench_tokens",
+        "The CPU a relayed token costs",
+        f"{args.streams} endless streams from the simulator at {args.rate:g} tokens/s each, "
+        "through `wirecut serve` (provider stream -> agent -> runner output -> WebSocket "
+        "frame) and through `wirecut proxy` (upstream stream -> relay -> client); the "
+        "server's CPU over a window of steady streaming, per token the simulator decoded.",
+    )
+    table = made.table(
+        "Server CPU per relayed token",
+        ["server", "side", f"median of {args.rounds}", "runs"],
+    )
     for (server, side), values in found.items():
-        rows.append(
-            {
-                "server": server,
-                "side": side,
-                "us_per_token": statistics.median(values),
-                "runs": values,
-            }
+        table.add(
+            server,
+            side,
+            f"{statistics.median(values):.1f} us",
+            ", ".join(f"{v:.0f}" for v in values),
         )
-    print(f"| server | side | CPU per relayed token, median of {args.rounds} | runs |")
-    print("|---|---|---|---|")
-    for row in rows:
-        runs = ", ".join(f"{v:.0f}" for v in row["runs"])
-        print(f"| {row['server']} | {row['side']} | {row['us_per_token']:.1f} us | {runs} |")
     if args.before:
+        ratios = made.table("Against the older tree", ["server", "less CPU per token"])
         for server in servers:
             before = statistics.median(found[(server, "before")])
             now = statistics.median(found[(server, "this tree")])
-            print(f"{server}: {before / now:.2f}x less CPU per token than before")
+            ratios.add(server, f"{before / now:.2f}x")
+    made.data = {
+        "settings": {"streams": args.streams, "rate": args.rate, "window_s": args.window},
+        "runs": {f"{server}, {side}": values for (server, side), values in found.items()},
+    }
+    made.print()
     if args.out:
-        settings = {"streams": args.streams, "rate": args.rate, "window_s": args.window}
-        args.out.write_text(
-            json.dumps({"machine": machine(), "settings": settings, "rows": rows}, indent=1)
-        )
+        made.write(args.out)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import contextlib
 import socket
 import threading
 
-from _poll import BOUND
+from _support import BOUND
 
 __all__ = ["SlowAcker"]
 

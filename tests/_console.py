@@ -21,18 +21,22 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from websockets.sync.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
 
-from wirecut.console.commands import Command, CommandContext, CommandSet, command
-from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
-from wirecut.proof._console_client import ConsoleClient as _Client
-from wirecut.proof._console_client import Frame, Received
+from wirecut.client import ConsoleClient as _Client
+from wirecut.client import Received
+from wirecut.console.commands import Args, Command, CommandContext, CommandSet, command
+from wirecut.console.server import ConsoleConfig, ConsoleServer
+from wirecut.launch import Provider
+from wirecut.record import Frame
 from wirecut.simulator import SimConfig, SimulatorServer
 
 __all__ = [
     "Console",
     "ConsoleClient",
     "Serving",
+    "close_code",
     "gate_command",
     "running_console",
     "serving",
@@ -77,8 +81,8 @@ def gate_command(opened: threading.Event, bound: float = 60.0) -> Command:
     ends it at once, as any command (the scope's wait is a cancellation point).
     """
 
-    @command("test-gate", usage="test-gate", summary="(tests) runs until the test opens a gate")
-    def gate(ctx: CommandContext, args: list[str]) -> None:
+    @command("test-gate", summary="(tests) runs until the test opens a gate")
+    def gate(ctx: CommandContext, args: Args) -> None:
         ctx.scope.wait(opened, bound)
 
     return gate
@@ -155,6 +159,16 @@ class ConsoleClient:
 
 def _stamped(received: Received) -> Frame:
     return {**received.frame, "_received": received.at}
+
+
+def close_code(url: str, **kwargs: Any) -> int | None:
+    """The close code the console sends a connection to ``url`` (None: closed without one)."""
+    with connect(url, **kwargs) as ws:
+        try:
+            ws.recv(timeout=5)
+        except ConnectionClosed as exc:
+            return exc.rcvd.code if exc.rcvd else None
+    return None
 
 
 def health(server: ConsoleServer) -> dict[str, Any]:

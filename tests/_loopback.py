@@ -1,6 +1,6 @@
 """Loopback servers for the tests and the benchmark, and two instruments of their own.
 
-The servers are the product's (``wirecut.simulator``, module ``_loopback``):
+The servers are the product's (``wirecut.loopback``):
 the ``probe`` command uses the same ones. ``LoopbackServer`` scripts an
 HTTP/1.1 server a handler at a time, ``StallServer`` never answers a TLS
 ClientHello, ``FullBacklog`` is a listener a connect to which stays pending.
@@ -20,9 +20,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from wirecut.simulator import FullBacklog, LoopbackServer, StallServer
-from wirecut.simulator import LoopbackExchange as Exchange
-from wirecut.simulator import LoopbackRequest as Request
+from wirecut.loopback import FullBacklog, LoopbackServer, StallServer
+from wirecut.loopback import LoopbackExchange as Exchange
+from wirecut.loopback import LoopbackRequest as Request
 
 __all__ = [
     "Exchange",

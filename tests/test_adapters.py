@@ -17,11 +17,11 @@ import requests
 import wirecut.adapters
 from _loopback import Exchange, FullBacklog, LoopbackServer, StallServer, connect_started
 from _promises import assert_cut_reached_the_server, assert_quiet
+from _support import BOUND
 from wirecut.adapters import ScopedHTTPAdapter, openai_client, openai_http_client
 from wirecut.adapters._openai import ScopedTransport2
 from wirecut.scope import Interrupted, InterruptScope, bind_scope
 
-BOUND = 5.0  # seconds: a generous bound for "promptly" on a shared, noisy machine
 # A timeout no test may reach: only a cut can end the wait within BOUND.
 LONG = 60.0
 MESSAGES: Any = [{"role": "user", "content": "hi"}]

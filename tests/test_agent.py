@@ -25,6 +25,7 @@ import pytest
 
 import wirecut.scope as ws
 from _pids import exited
+from _support import BOUND
 from wirecut.agent import (
     AIAgent,
     ConversationResult,
@@ -40,8 +41,6 @@ from wirecut.agent._builtins import ESCAPED_NOTE
 from wirecut.provider import ChatClient
 from wirecut.scope import InterruptScope
 from wirecut.simulator import SimConfig, SimulatorServer
-
-BOUND = 10.0  # seconds: "promptly" on a shared, noisy machine
 
 Script = Callable[[dict[str, Any]], Mapping[str, Any] | None]
 

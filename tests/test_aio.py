@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 import json
 import re
 import signal
@@ -28,16 +29,16 @@ import pytest
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import wirecut.scope as ws
+from _support import BOUND, until
 from wirecut.aio import CANCEL_REASON, Unwind, cancel_on_disconnect, run_sync, unwind_of
 from wirecut.provider import ChatClient, ChatResult
 from wirecut.scope import Interrupted, InterruptScope, TimelineEvent
 from wirecut.simulator import EventKind, SimConfig, SimulatorServer
 
-BOUND = 10.0
 MESSAGES = [{"role": "user", "content": "tell me a long story"}]
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -245,6 +246,29 @@ def test_a_thread_that_ignores_the_cut_is_reported_at_the_bound_not_abandoned_si
     assert unwind.scope.wait_quiescent(BOUND)  # It returns once released.
 
 
+def test_work_that_raises_on_the_cut_leaves_no_unretrieved_exception_behind() -> None:
+    # A tool that leaves with Interrupted: the loop must not log the thread's
+    # exception as "never retrieved" once the wait's future is collected.
+    entered = threading.Event()
+    reported: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: reported.append(ctx))
+        task = asyncio.create_task(run_sync(lambda: (entered.set(), ws.sleep(BOUND))))
+        await asyncio.to_thread(entered.wait, BOUND)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError) as caught:
+            await task
+        unwind = unwind_of(caught.value)
+        assert unwind is not None
+        assert unwind.worker_exited
+        assert isinstance(unwind.future.exception(), Interrupted)
+
+    asyncio.run(main())
+    gc.collect()  # The task and the frames of its wait are gone with the loop's run.
+    assert [ctx["message"] for ctx in reported] == []
+
+
 def test_a_second_cancel_does_not_cut_the_wait_for_the_thread_short() -> None:
     release = threading.Event()
     entered = threading.Event()
@@ -404,6 +428,45 @@ def test_cancel_on_disconnect_leaves_a_finished_request_alone() -> None:
     assert not reply.interrupted
     assert reply.finish_reason == "stop"
     assert b"200 OK" in response
+
+
+def test_after_the_block_the_scope_says_the_client_left_though_the_work_came_back_whole() -> None:
+    # The work ignores the cut (its last token had come): the answer is whole,
+    # and still the client is gone, which the scope says after the block.
+    scopes: list[InterruptScope] = []
+    release = threading.Event()
+    answered: list[str] = []
+
+    def whole_answer() -> str:
+        release.wait(BOUND)
+        return "whole"
+
+    async def endpoint(request: Request) -> Response:
+        async with cancel_on_disconnect(request) as scope:
+            scopes.append(scope)
+            reply = await run_sync(whole_answer, scope=scope)
+        answered.append("left" if scope.cancelled else reply)
+        return Response(status_code=499 if scope.cancelled else 200)
+
+    app = Starlette(routes=[Route("/x", endpoint, methods=["POST"])])
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    sock = socket.create_server(("127.0.0.1", 0))
+    thread = threading.Thread(target=server.run, args=([sock],), daemon=True)
+    thread.start()
+    try:
+        conn = _post(sock.getsockname()[1], "/x", {})
+        until(lambda: bool(scopes))
+        conn.close()
+        until(lambda: scopes[0].cancelled)  # the watch saw the disconnect
+        release.set()
+        until(lambda: bool(answered))
+    finally:
+        release.set()
+        server.should_exit = True
+        thread.join(BOUND)
+        sock.close()
+    assert answered == ["left"]
 
 
 # -- the example of docs/aio.md, as written ------------------------------------------------

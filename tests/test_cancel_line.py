@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from _poll import BOUND
+from _support import BOUND
 from wirecut.console.cluster import HostConfig, ProviderSpec, _line
 from wirecut.console.cluster._line import CancelLine, LineClient, LineRequest
 from wirecut.console.runner import RunnerLimits

@@ -11,13 +11,14 @@ from pathlib import Path
 import httpx
 
 from _console import running_console
-from wirecut.console.commands import CommandContext, builtin_commands, command
-from wirecut.console.server._catalog import TIMELINE_EVENTS, catalog
+from wirecut.console.commands import Args, CommandContext, builtin_commands, command
+from wirecut.console.server._catalog import catalog
+from wirecut.record import TIMELINE_EVENTS
 from wirecut.scope import TimelineEvent
 
 
-@command("test-extra", usage="test-extra", summary="(tests) a command of this console only")
-def _extra(ctx: CommandContext, args: list[str]) -> None:
+@command("test-extra", summary="(tests) a command of this console only")
+def _extra(ctx: CommandContext, args: Args) -> None:
     pass
 
 

@@ -10,49 +10,19 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from _support import assert_one_line_failure, assert_usage_error, run_wirecut
 from wirecut._paths import DATA_DIR_ENV
-
-BOUND = 30.0  # seconds for a command that must fail at once (the imports take a moment)
 
 
 def wirecut(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``python -m wirecut ARGS`` with ``env`` added to a clean environment."""
     base = {k: v for k, v in os.environ.items() if k != DATA_DIR_ENV}
-    return subprocess.run(
-        [sys.executable, "-m", "wirecut", *args],
-        env={**base, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=BOUND,
-        stdin=subprocess.DEVNULL,
-    )
-
-
-def assert_usage_error(result: subprocess.CompletedProcess[str], *words: str) -> None:
-    """Exit 2, nothing on stdout, and click's short usage error: one ``Error:`` line."""
-    assert result.returncode == 2, result
-    assert result.stdout == ""
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.splitlines()
-    errors = [line for line in lines if line.startswith("Error:")]
-    assert len(errors) == 1, result.stderr
-    assert all(word in errors[0] for word in words), result.stderr
-    # The error line, and at most click's two lines of usage and hint.
-    assert len([line for line in lines if line.strip()]) <= 3, result.stderr
-
-
-def assert_one_line_failure(result: subprocess.CompletedProcess[str], *words: str) -> None:
-    assert result.returncode == 1, result
-    assert result.stdout == ""
-    assert "Traceback" not in result.stderr
-    assert len(result.stderr.splitlines()) == 1, result.stderr
-    assert all(word in result.stderr for word in words), result.stderr
+    return run_wirecut(*args, env={**base, **(env or {})}, stdin=subprocess.DEVNULL)
 
 
 @pytest.fixture

@@ -66,9 +66,11 @@ from wirecut.console.cluster import (  # noqa: E402
 from wirecut.console.cluster import _pool as cluster_pool  # noqa: E402
 from wirecut.console.cluster._host import gathered  # noqa: E402
 from wirecut.console.cluster._remote import remote_facts  # noqa: E402
-from wirecut.console.runner import Reason, RunnerLimits, Status  # noqa: E402
-from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider  # noqa: E402
+from wirecut.console.runner import RunnerLimits  # noqa: E402
+from wirecut.console.server import ConsoleConfig, ConsoleServer  # noqa: E402
+from wirecut.launch import Provider  # noqa: E402
 from wirecut.memory import NoteStore  # noqa: E402
+from wirecut.record import Reason, Status  # noqa: E402
 from wirecut.scope import proc_stat  # noqa: E402
 from wirecut.simulator import SimConfig, SimulatorServer  # noqa: E402
 

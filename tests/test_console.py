@@ -25,19 +25,18 @@ from typing import Any
 
 import httpx
 import pytest
-from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import connect
 
 from _console import (
     Console,
     ConsoleClient,
+    close_code,
     gate_command,
     health,
     running_console,
     start_serve,
     wait_health,
 )
-from wirecut.console.commands import CommandContext, builtin_commands, command
+from wirecut.console.commands import Args, Argument, CommandContext, builtin_commands, command
 from wirecut.console.runner import route_stdio
 from wirecut.memory import NoteStore
 from wirecut.scope import Interrupted
@@ -49,8 +48,8 @@ from wirecut.simulator import SimConfig, SimulatorServer
 _stubborn_release = threading.Event()
 
 
-@command("test-stubborn", usage="test-stubborn", summary="(tests) ignores every cut")
-def _stubborn(ctx: CommandContext, args: list[str]) -> None:
+@command("test-stubborn", summary="(tests) ignores every cut")
+def _stubborn(ctx: CommandContext, args: Args) -> None:
     # Pure Python that swallows the cut and escalation alike: the worker a
     # console cannot stop. Released by the test at its end.
     ctx.write("stubborn\n")
@@ -65,18 +64,18 @@ def _stubborn(ctx: CommandContext, args: list[str]) -> None:
 _print_barrier = threading.Barrier(2)
 
 
-@command("test-print", usage="test-print NAME", summary="(tests) prints its name")
-def _print(ctx: CommandContext, args: list[str]) -> None:
+@command("test-print", Argument("NAME"), summary="(tests) prints its name")
+def _print(ctx: CommandContext, args: Args) -> None:
     _print_barrier.wait(10)  # both commands print at the same time
     for _ in range(25):
-        print(f"<{args[0]}>")
+        print(f"<{args['name']}>")
     # And from a thread of a child scope (an agent turn's, say): still its own output.
     child = ctx.scope.child("printer")
-    child.spawn(lambda: [print(f"<{args[0]}>") for _ in range(25)]).result(10)
+    child.spawn(lambda: [print(f"<{args['name']}>") for _ in range(25)]).result(10)
 
 
-@command("test-orphan", usage="test-orphan", summary="(tests) leaves a process behind")
-def _orphan(ctx: CommandContext, args: list[str]) -> None:
+@command("test-orphan", summary="(tests) leaves a process behind")
+def _orphan(ctx: CommandContext, args: Args) -> None:
     # A process that ignores SIGTERM, started and not waited for: when the
     # command returns, its kill is still in its grace.
     ctx.scope.popen(["sh", "-c", "trap '' TERM; echo ready; sleep 60"], grace=0.5)
@@ -87,8 +86,8 @@ def _orphan(ctx: CommandContext, args: list[str]) -> None:
 _left_behind: list[Any] = []
 
 
-@command("test-leave", usage="test-leave", summary="(tests) returns with a thread and a process")
-def _leave(ctx: CommandContext, args: list[str]) -> None:
+@command("test-leave", summary="(tests) returns with a thread and a process")
+def _leave(ctx: CommandContext, args: Args) -> None:
     # Returns at once, leaving a thread (blocked until cut) and a process
     # (never waited for) behind: the runner must cut both before its complete.
     thread_started = threading.Event()
@@ -104,9 +103,9 @@ def _leave(ctx: CommandContext, args: list[str]) -> None:
     ctx.write("left\n")
 
 
-@command("test-ask", usage="test-ask N", summary="(tests) writes N lines, then asks to confirm")
-def _ask(ctx: CommandContext, args: list[str]) -> None:
-    for k in range(int(args[0])):
+@command("test-ask", Argument("N", convert=int), summary="(tests) writes N lines, then asks")
+def _ask(ctx: CommandContext, args: Args) -> None:
+    for k in range(args["n"]):
         ctx.write(f"line {k}\n")
     ctx.confirm("go ahead?")
     ctx.write("confirmed\n")
@@ -284,7 +283,7 @@ def test_cancel_racing_run_gives_each_id_exactly_one_complete(
 def test_a_cut_that_fails_in_a_cancel_all_still_cancels_every_other_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from wirecut.console.runner._runner import ThreadPlacement
+    from wirecut.console.runner import ThreadPlacement
 
     real_cut = ThreadPlacement.cut
 
@@ -462,7 +461,7 @@ def test_workers_that_return_while_the_loop_is_busy_wake_it_once(tmp_path: Path)
 def test_an_exit_that_fails_to_be_handled_does_not_hold_the_others_of_its_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from wirecut.console.runner._runner import ThreadPlacement
+    from wirecut.console.runner import ThreadPlacement
 
     real_done = ThreadPlacement._on_worker_done
     failed: list[str] = []
@@ -599,7 +598,7 @@ def test_a_cancel_during_the_confirmation_ends_the_command_at_once(tmp_path: Pat
 def test_usage_errors_complete_as_errors(console: Console, client: ConsoleClient) -> None:
     for line, message, started in [
         ("nope", "unknown command 'nope'", False),
-        ('chat "unclosed', "cannot parse", False),
+        ('memory show "unclosed', "cannot parse", False),
         ("", "empty line", False),
         ("memory frobnicate", "unknown memory command", False),
         ("memory show " + "9" * 120, "the note id has more than 19 digits", True),
@@ -645,6 +644,24 @@ def test_chat_keeps_the_connections_history(tmp_path: Path) -> None:
         ["system", "user"],
         ["system", "user"],
     ]
+
+
+def test_chat_takes_the_rest_of_the_line_as_typed(tmp_path: Path) -> None:
+    # Quotes group the words of options only: free text keeps its apostrophes,
+    # quotes and spacing, where shlex stopped at "No closing quotation".
+    said: list[str] = []
+
+    def responder(body: dict[str, Any]) -> dict[str, Any]:
+        said.append(body["messages"][-1]["content"])
+        return {"content": "sunny"}
+
+    with running_console(tmp_path, responder=responder) as running, running.client() as c:
+        for line in ("chat what's the weather?", 'chat --new say "hi"  twice'):
+            assert c.complete(c.run(line))["status"] == "ok"
+        cleared = c.run("chat --new")
+        assert c.complete(cleared)["status"] == "ok"
+        assert c.output(cleared) == "chat history cleared\n"
+    assert said == ["what's the weather?", 'say "hi"  twice']
 
 
 def _seed_notes(client: ConsoleClient) -> None:
@@ -799,20 +816,11 @@ def test_an_id_is_assigned_when_the_client_gives_none(client: ConsoleClient) -> 
 # -- authentication and origin -----------------------------------------------------------
 
 
-def _close_code(url: str, **kwargs: Any) -> int | None:
-    with connect(url, **kwargs) as ws:
-        try:
-            ws.recv(timeout=5)
-        except ConnectionClosed as exc:
-            return exc.rcvd.code if exc.rcvd else None
-    return None
-
-
 def test_a_wrong_or_missing_token_closes_4401(console: Console) -> None:
     base = console.server.ws_url.split("?")[0]
-    assert _close_code(base) == 4401
-    assert _close_code(base + "?token=wrong") == 4401
-    assert _close_code(base, additional_headers={"Authorization": "Bearer nope"}) == 4401
+    assert close_code(base) == 4401
+    assert close_code(base + "?token=wrong") == 4401
+    assert close_code(base, additional_headers={"Authorization": "Bearer nope"}) == 4401
 
 
 def test_the_token_may_come_as_a_bearer_header(console: Console) -> None:
@@ -823,7 +831,7 @@ def test_the_token_may_come_as_a_bearer_header(console: Console) -> None:
 
 
 def test_a_foreign_origin_closes_4403(console: Console) -> None:
-    assert _close_code(console.server.ws_url, origin="http://evil.example") == 4403
+    assert close_code(console.server.ws_url, origin="http://evil.example") == 4403
     own = console.server.url.rstrip("/")
     with ConsoleClient(console.server.ws_url, origin=own) as c:
         assert c.ready["type"] == "ready"

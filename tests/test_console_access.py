@@ -22,21 +22,21 @@ from typing import Any
 
 import httpx
 import pytest
-from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.sync.client import connect
+from websockets.exceptions import InvalidStatus
 
-from _console import Console, ConsoleClient, running_console, start_serve, wait_health
+from _console import Console, ConsoleClient, close_code, running_console, start_serve, wait_health
 from _loopback import Exchange, LoopbackServer
 from _rawws import RawClient
-from wirecut.console.commands import CommandContext, builtin_commands, command
+from _support import eventually
+from wirecut.console.commands import Args, CommandContext, builtin_commands, command
 from wirecut.memory import NoteStore
 from wirecut.simulator import SimConfig, SimulatorServer
 
 REBOUND = "rebound.attacker.example"
 
 
-@command("test-access-ask", usage="test-access-ask", summary="(tests) asks to confirm")
-def _ask(ctx: CommandContext, args: list[str]) -> None:
+@command("test-access-ask", summary="(tests) asks to confirm")
+def _ask(ctx: CommandContext, args: Args) -> None:
     if ctx.confirm("go ahead?"):
         ctx.write("confirmed\n")
 
@@ -60,15 +60,6 @@ def _ws(console: Console, host: str, **kwargs: Any) -> ConsoleClient:
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     query = "" if console.server.token is None else f"?token={console.server.token}"
     return ConsoleClient(f"ws://{host}:{port}/api/console{query}", sock=sock, **kwargs)
-
-
-def _close_code(url: str, **kwargs: Any) -> int | None:
-    with connect(url, **kwargs) as ws:
-        try:
-            ws.recv(timeout=5)
-        except ConnectionClosed as exc:
-            return exc.rcvd.code if exc.rcvd else None
-    return None
 
 
 # -- Host: DNS rebinding ----------------------------------------------------------------
@@ -161,7 +152,7 @@ def test_a_request_without_or_with_two_host_headers_is_refused(console: Console)
 )
 def test_non_http_and_foreign_origins_close_4403(console: Console, origin: str) -> None:
     header = origin.format(port=console.server.port)
-    assert _close_code(console.server.ws_url, origin=header) == 4403
+    assert close_code(console.server.ws_url, origin=header) == 4403
 
 
 def test_an_empty_token_or_a_prefix_of_the_token_closes_4401(console: Console) -> None:
@@ -169,9 +160,9 @@ def test_an_empty_token_or_a_prefix_of_the_token_closes_4401(console: Console) -
     assert token is not None
     base = console.server.ws_url.split("?")[0]
     for given in ("", token[:1], token[:-1], token + "x"):
-        assert _close_code(f"{base}?token={given}") == 4401, given
+        assert close_code(f"{base}?token={given}") == 4401, given
         bearer = {"Authorization": f"Bearer {given}"}
-        assert _close_code(base, additional_headers=bearer) == 4401, given
+        assert close_code(base, additional_headers=bearer) == 4401, given
     for given in ("", token[:-1]):
         params = {"token": given}
         assert httpx.get(console.server.url + "api/health", params=params).status_code == 401
@@ -341,13 +332,13 @@ def test_sigterm_delivers_the_shutdown_completes_queued_for_a_slow_reader(
                 for n in range(24):
                     ws.send({"type": "run", "id": f"m{n}", "line": "memory list"})
                 # Wait until the server holds frames it could not send (bounded poll).
-                waited = _wait(lambda: _metric(url, token, "wirecut_outbox_bytes") > 0, 60)
+                waited = eventually(lambda: _metric(url, token, "wirecut_outbox_bytes") > 0, 60)
                 assert waited, "the server never had frames waiting for this client"
                 proc.send_signal(signal.SIGTERM)
                 # Read only once the stop has cancelled the sleepers (their
                 # completes are queued behind the rest): a server that did not
                 # drain would close now (its listener goes, and the poll ends too).
-                _wait(lambda: _busy(url, token) in (0, None), 60)
+                eventually(lambda: _busy(url, token) in (0, None), 60)
                 # Now read everything: every command's complete, the sleepers' with
                 # reason shutdown, then the server's close.
                 frames = ws.recv_frames(timeout=60)
@@ -369,17 +360,6 @@ def _busy(url: str, token: str) -> int | None:
     except httpx.TransportError:
         return None
     return int(health["workers"]["busy"])
-
-
-def _wait(predicate: Any, timeout: float) -> bool:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 # -- secrets ------------------------------------------------------------------------------
@@ -522,7 +502,7 @@ def test_the_token_never_reaches_a_log_line(
         with console.client() as c:
             c.complete(c.run("sleep 0"))
         base = console.server.ws_url.split("?")[0]
-        assert _close_code(f"{base}?token={token}x") == 4401
+        assert close_code(f"{base}?token={token}x") == 4401
     finally:
         logger.setLevel(old_level)
         logger.removeHandler(caplog.handler)

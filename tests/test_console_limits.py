@@ -16,7 +16,6 @@ import select
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,21 +27,12 @@ from websockets.sync.client import connect
 
 from _console import Console, ConsoleClient, metrics, running_console, start_serve, wait_health
 from _rawws import RawClient
+from _support import PROCESS_BOUND, eventually
 from wirecut.console.server import ConnectionLimits
-from wirecut.console.server._limits import ConnectionGuard, Dropped, GuardedConfig
+from wirecut.serving import ConnectionGuard, Dropped, GuardedConfig
 from wirecut.simulator import SimConfig, SimulatorServer
 
 PING = {"type": "ping"}
-
-
-def poll(predicate: Callable[[], bool], timeout: float = 30.0) -> bool:
-    """Poll a state of another party (the server) until it holds, at most ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def dropped(console: Console, why: str) -> float:
@@ -75,7 +65,9 @@ def test_a_client_that_stops_reading_is_closed_4429_and_its_commands_cancelled(
         with RawClient(console.server.ws_url) as ws:
             ws.send({"type": "run", "id": "sleeper", "line": "sleep 60"})
             ws.send({"type": "run", "id": "chat", "line": "chat tell me a long story"})
-            assert poll(lambda: console.server.state.runner.health()["workers"]["busy"] == 2)
+            assert eventually(
+                lambda: console.server.state.runner.health()["workers"]["busy"] == 2, PROCESS_BOUND
+            )
             flood_pings(ws, until=lambda: dropped(console, "slow_reader") == 1)
             # The server gave up on it: its commands are cancelled as if it had left...
             health = wait_health(console.server, lambda h: h["workers"]["busy"] == 0)
@@ -117,7 +109,9 @@ def test_a_client_that_never_reads_is_cut_after_the_close_timeout(tmp_path: Path
             assert dropped(console, "slow_reader") == 1
             # Not even the close frame fits: the transport is cut, and the
             # descriptor goes with it.
-            assert poll(lambda: metrics(console)["wirecut_connections_open"] <= 1)
+            assert eventually(
+                lambda: metrics(console)["wirecut_connections_open"] <= 1, PROCESS_BOUND
+            )
             ws.recv_frames(timeout=30)
             assert ws.closed
         assert console.server.state.connections == set()
@@ -132,7 +126,7 @@ def test_a_websocket_ping_flood_that_reads_no_pongs_is_cut(tmp_path: Path) -> No
                     ws.ping_many(20_000)
                     if dropped(console, "ping_flood"):
                         break
-            assert poll(lambda: dropped(console, "ping_flood") == 1)
+            assert eventually(lambda: dropped(console, "ping_flood") == 1, PROCESS_BOUND)
             ws.recv_frames(timeout=30)
             assert ws.closed
 
@@ -199,7 +193,7 @@ def guarded_uvicorn(app: Any, limits: ConnectionLimits) -> Iterator[tuple[int, C
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        assert poll(lambda: server.started, 10)
+        assert eventually(lambda: server.started, 10)
         yield server.servers[0].sockets[0].getsockname()[1], guard
     finally:
         server.should_exit = True
@@ -217,7 +211,7 @@ def test_a_websocket_the_app_does_not_accept_is_cut_after_the_handshake_timeout(
         with pytest.raises((TimeoutError, OSError)):
             RawClient(f"ws://127.0.0.1:{port}/", timeout=10)
         assert guard.dropped[Dropped.HANDSHAKE_TIMEOUT] == 1
-        assert poll(lambda: guard.open == 0)
+        assert eventually(lambda: guard.open == 0, PROCESS_BOUND)
 
 
 def _idle(port: int, count: int) -> list[socket.socket]:
@@ -240,7 +234,7 @@ def test_at_the_cap_a_new_connection_closes_the_oldest_idle_one(tmp_path: Path) 
         try:
             guard = console.server.state.guard
             assert guard is not None
-            assert poll(lambda: guard.open == 8)
+            assert eventually(lambda: guard.open == 8, PROCESS_BOUND)
             # The token holder's request gets through: the oldest idle socket goes.
             health = httpx.get(
                 console.server.url + "api/health", params={"token": console.server.token}

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from wirecut.proof._console_client import ConsoleClient
-from wirecut.proof._console_process import ConsoleProcess
+from _support import BOUND
+from wirecut.client import ConsoleClient
+from wirecut.proof import ConsoleProcess
 
-BOUND = 10.0  # seconds
 #: No provider listens here: the commands these tests run never ask one.
 NO_PROVIDER = "http://127.0.0.1:9/v1"
 

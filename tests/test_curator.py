@@ -9,6 +9,7 @@ way the console runner runs a command. "The store is unchanged" is always
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 import threading
 import time
@@ -25,6 +26,7 @@ from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
 import wirecut.scope as ws
+from _support import BOUND
 from wirecut.console.commands import CommandContext, CommandError, Services, Session, UsageError
 from wirecut.console.commands._memory import curator_run, curator_status
 from wirecut.local import LocalServer, is_available
@@ -47,13 +49,13 @@ from wirecut.memory import (
     plan_schema,
     plan_sweep,
     sweep,
+    umbrella_body,
     validate_plan,
 )
 from wirecut.provider import ChatClient, Usage
 from wirecut.scope import Interrupted, InterruptScope
 from wirecut.simulator import ScriptedReply, SimConfig, SimulatorServer
 
-BOUND = 10.0  # seconds: "promptly" on a shared, noisy machine
 LOCAL_BOUND = 120.0  # seconds for the real tiny model's plan, on a loaded machine
 DAY = 86_400.0
 NOW = 1_700_000_000.0
@@ -88,13 +90,21 @@ def seed(store: NoteStore, now: float) -> Seeded:
 
 
 def plan_reply(*umbrellas: tuple[str, str, list[int]]) -> dict[str, Any]:
-    """The assistant message of a model answering with a plan (spaces make many tokens)."""
+    """The assistant message of a model answering with a plan (spaces make many tokens).
+
+    Each umbrella as a provider that ignores the schema writes it: ``note_ids``
+    and a summary that was not asked for (and is not read).
+    """
     plan = {"umbrellas": [{"title": t, "summary": s, "note_ids": ids} for t, s, ids in umbrellas]}
     return {"content": json.dumps(plan)}
 
 
 def lyon_plan(ids: Seeded) -> dict[str, Any]:
     return plan_reply(("Lyon", "The train trip to Lyon.", [ids.lyon, ids.train]))
+
+
+#: The body of the Lyon umbrella: its two notes' own text.
+LYON_BODY = "Lyon trip\nTrain at 9:12\n\nTrain to Lyon\nSeat 42, coach 7"
 
 
 def token_count(reply: Mapping[str, Any]) -> int:
@@ -224,24 +234,34 @@ NOTES = [
 
 
 def umbrellas(*specs: tuple[str, tuple[int, ...]]) -> Plan:
-    return Plan(umbrellas=tuple(Umbrella(t, f"What {t} notes say.", ids) for t, ids in specs))
+    """Umbrellas titled ``t`` over ``ids`` of ``NOTES``, each holding its notes' own text."""
+    by_id = {n.id: n for n in NOTES}
+    return Plan(
+        umbrellas=tuple(
+            Umbrella(t, umbrella_body([by_id[i] for i in ids if i in by_id]), ids)
+            for t, ids in specs
+        )
+    )
 
 
 def test_a_plan_over_distinct_active_notes_is_valid() -> None:
-    assert validate_plan(umbrellas(("A", (1, 2))), NOTES) == []
+    assert validate_plan(umbrellas(("Lyon notes", (1, 2))), NOTES) == []
     assert validate_plan(Plan(), NOTES) == []  # nothing to merge is a valid plan
 
 
 @pytest.mark.parametrize(
     ("plan", "problems"),
     [
-        (umbrellas(("A", (1, 99))), ["umbrella 1: note #99 does not exist"]),
-        (umbrellas(("A", (1, 4))), ["umbrella 1: note #4 is stale, not active"]),
-        (umbrellas(("A", (1, 5))), ["umbrella 1: note #5 is archived, not active"]),
-        (umbrellas(("A", (1, 2)), ("B", (2, 3))), ["note #2 is in umbrellas 1 and 2"]),
-        (umbrellas(("A", (1,))), ["umbrella 1 merges fewer than two notes"]),
+        (umbrellas(("Lyon A", (1, 99))), ["umbrella 1: note #99 does not exist"]),
+        (umbrellas(("Lyon A", (1, 4))), ["umbrella 1: note #4 is stale, not active"]),
+        (umbrellas(("Lyon A", (1, 5))), ["umbrella 1: note #5 is archived, not active"]),
         (
-            umbrellas(("A", (1, 1))),
+            umbrellas(("Lyon A", (1, 2)), ("Lyon B", (2, 3))),
+            ["note #2 is in umbrellas 1 and 2"],
+        ),
+        (umbrellas(("Lyon A", (1,))), ["umbrella 1 merges fewer than two notes"]),
+        (
+            umbrellas(("Lyon A", (1, 1))),
             ["umbrella 1 merges fewer than two notes", "umbrella 1 names note #1 twice"],
         ),
         (umbrellas(("", (1, 2))), ["umbrella 1: the title must not be empty"]),
@@ -262,7 +282,7 @@ def test_an_invalid_plan_says_why(plan: Plan, problems: list[str]) -> None:
         ('{"umbrellas": {}}', 'an array "umbrellas"'),
         ('{"umbrellas": [1]}', "umbrella 1 is not an object"),
         ('{"umbrellas": [{"note_ids": [1, 2]}]}', '"title" must be a string'),
-        ('{"umbrellas": [{"title": "t", "summary": 3, "note_ids": []}]}', '"summary" must be'),
+        ('{"umbrellas": [{"title": "t", "note_ids": 3}]}', '"note_ids" must be an array'),
         ('{"umbrellas": [{"title": "t", "note_ids": [1, "2"]}]}', "array of integers"),
         ('{"umbrellas": [{"title": "t", "note_ids": [true, 2]}]}', "array of integers"),
     ],
@@ -282,16 +302,17 @@ def test_make_plan_asks_with_a_json_schema_and_max_tokens_and_reads_the_plan(
 ) -> None:
     ids = seed(store, NOW)
     candidates = [n for n in store.notes() if n.id in (ids.lyon, ids.train, ids.paris)]
-    # As the grammar asks: notes by their numbers in the list (Lyon trip and
-    # Train to Lyon share words, so they are listed first).
-    umbrella = {"notes": [1, 2], "title": "Lyon", "summary": "The train trip to Lyon."}
+    # As the grammar asks: notes by id, and a title (no summary unless asked for).
+    umbrella = {"notes": [ids.lyon, ids.train], "title": "Lyon travel"}
     reply = {"content": json.dumps({"umbrellas": [umbrella]})}
     sim.reply = lambda body: reply
     tokens: list[str] = []
     plan = in_host(make_plan, client, candidates, on_token=tokens.append)
 
     assert plan.defect is None
-    assert plan.umbrellas == (Umbrella("Lyon", "The train trip to Lyon.", (ids.lyon, ids.train)),)
+    # The umbrella holds its notes' own text: nothing the model wrote but the title.
+    assert plan.umbrellas == (Umbrella("Lyon travel", LYON_BODY, (ids.lyon, ids.train)),)
+    assert plan.remarks == ()
     assert "".join(tokens) == reply["content"] == plan.text
     assert (plan.usage.requests, plan.usage.completion_tokens) == (1, token_count(reply))
 
@@ -299,17 +320,42 @@ def test_make_plan_asks_with_a_json_schema_and_max_tokens_and_reads_the_plan(
     assert body["max_tokens"] == PLAN_MAX_TOKENS
     assert body["temperature"] == 0
     assert body["frequency_penalty"] == 0
-    # Only the group asked about: Paris shares no word with them, and is not sent.
+    assert "summary" not in body["messages"][0]["content"]
+    # Only the group asked about, by the ids the confirmation shows: Paris
+    # shares no title word with them, and is not sent.
     assert body["messages"][-1]["content"] == (
-        "Notes:\n1. Lyon trip\n   Train at 9:12\n2. Train to Lyon\n   Seat 42, coach 7\nAnswer:"
+        f"Notes:\n#{ids.lyon} Lyon trip\n   Train at 9:12\n"
+        f"#{ids.train} Train to Lyon\n   Seat 42, coach 7\nAnswer:"
     )
     assert body["response_format"]["type"] == "json_schema"
     schema = body["response_format"]["json_schema"]["schema"]
     jsonschema.Draft202012Validator.check_schema(schema)
     jsonschema.validate(json.loads(reply["content"]), schema)
-    assert schema["properties"]["umbrellas"]["items"]["properties"]["notes"]["enum"] == [[1, 2]]
+    offered = schema["properties"]["umbrellas"]["items"]["properties"]["notes"]["enum"]
+    assert offered == [[ids.lyon, ids.train]]
     with pytest.raises(jsonschema.ValidationError):  # the grammar offers Paris to no umbrella
-        jsonschema.validate({"umbrellas": [{**umbrella, "notes": [1, 3]}]}, schema)
+        jsonschema.validate({"umbrellas": [{**umbrella, "notes": [ids.lyon, ids.paris]}]}, schema)
+    with pytest.raises(jsonschema.ValidationError):  # nor a summary that was not asked for
+        jsonschema.validate({"umbrellas": [{**umbrella, "summary": "The trip to Lyon."}]}, schema)
+
+
+def test_make_plan_with_summarize_asks_for_a_summary_and_puts_it_above_the_notes_text(
+    sim: Provider, client: ChatClient, store: NoteStore
+) -> None:
+    ids = seed(store, NOW)
+    umbrella = {"notes": [ids.lyon, ids.train], "title": "Lyon", "summary": "Seat 42 at 9:12."}
+    sim.reply = lambda body: {"content": json.dumps({"umbrellas": [umbrella]})}
+    plan = in_host(make_plan, client, store.notes(), summarize=True)
+    assert plan.umbrellas == (
+        Umbrella(
+            "Lyon", "Seat 42 at 9:12.\n\n" + LYON_BODY, (ids.lyon, ids.train), umbrella["summary"]
+        ),
+    )
+    assert validate_plan(plan, store.notes()) == []
+    (body,) = sim.bodies
+    assert "summary" in body["messages"][0]["content"]
+    items = body["response_format"]["json_schema"]["schema"]["properties"]["umbrellas"]["items"]
+    assert items["required"] == ["notes", "title", "summary"]
 
 
 def test_a_reply_whose_json_closed_on_the_last_token_max_tokens_allowed_is_the_plan(
@@ -324,9 +370,7 @@ def test_a_reply_whose_json_closed_on_the_last_token_max_tokens_allowed_is_the_p
     for _ in range(5):
         plan = in_host(make_plan, client, store.notes(), max_tokens=token_count(reply))
         assert plan.defect is None
-        assert plan.umbrellas == (
-            Umbrella("Lyon", "The train trip to Lyon.", (ids.lyon, ids.train)),
-        )
+        assert plan.umbrellas == (Umbrella("Lyon", LYON_BODY, (ids.lyon, ids.train)),)
         assert validate_plan(plan, store.notes()) == []
 
 
@@ -360,14 +404,10 @@ def test_apply_plan_writes_the_sweep_and_the_umbrellas(store: NoteStore) -> None
     ids = seed(store, NOW)
     snapshot = store.notes()
     swept = plan_sweep(snapshot, now=NOW)
-    plan = parse_plan(lyon_plan(ids)["content"])
+    plan = parse_plan(lyon_plan(ids)["content"], notes=snapshot)
     (umbrella,) = apply_plan(store, plan, snapshot, sweep=swept, now=NOW)
 
-    assert (umbrella.title, umbrella.body, umbrella.state) == (
-        "Lyon",
-        "The train trip to Lyon.",
-        NoteState.ACTIVE,
-    )
+    assert (umbrella.title, umbrella.body, umbrella.state) == ("Lyon", LYON_BODY, NoteState.ACTIVE)
     assert [n.id for n in store.merged_into(umbrella.id)] == [ids.lyon, ids.train]
     after = {n.id: n for n in store.notes()}
     for merged in (ids.lyon, ids.train):
@@ -385,13 +425,14 @@ def test_apply_plan_writes_nothing_when_a_note_changed_since_it_was_read(
     ids = seed(store, NOW)
     snapshot = store.notes()
     swept = plan_sweep(snapshot, now=NOW)
-    plan = parse_plan(lyon_plan(ids)["content"])
+    plan = parse_plan(lyon_plan(ids)["content"], notes=snapshot)
     if changed == "merged note used":
         store.touch(ids.train, now=NOW + 1)
         culprit = ids.train
     elif changed == "merged note gone":
         # Another writer merged it meanwhile: it is archived now.
-        other = parse_plan(plan_reply(("Other", "Lyon, again", [ids.lyon, ids.train]))["content"])
+        again = plan_reply(("Lyon again", "", [ids.lyon, ids.train]))["content"]
+        other = parse_plan(again, notes=snapshot)
         apply_plan(store, other, snapshot, now=NOW)
         culprit = ids.lyon
     else:
@@ -408,7 +449,9 @@ def test_apply_plan_writes_nothing_when_a_note_changed_since_it_was_read(
 def test_apply_plan_refuses_an_invalid_plan_and_writes_nothing(store: NoteStore) -> None:
     ids = seed(store, NOW)
     before = store.dump()
-    bad = umbrellas(("Old ones", (ids.lyon, ids.old)))
+    notes = store.notes()
+    lyon, old = (next(n for n in notes if n.id == i) for i in (ids.lyon, ids.old))
+    bad = Plan(umbrellas=(Umbrella("Old ones", umbrella_body([lyon, old]), (lyon.id, old.id)),))
     swept = plan_sweep(store.notes(), now=NOW)  # the sweep makes ``old`` stale
     with pytest.raises(PlanError, match=f"note #{ids.old} is stale, not active"):
         apply_plan(store, bad, store.notes(), sweep=swept, now=NOW)
@@ -441,13 +484,15 @@ def test_consolidation_end_to_end(sim: Provider, client: ChatClient, store: Note
     (question,) = questions
     assert f"mark stale (unused for long): #{ids.old} 'Old recipe'" in question
     assert f"archive (stale for long): #{ids.ancient} 'Ancient'" in question
+    # The notes by id, as in the model's reply that streamed before it.
     assert question.splitlines()[3:] == [
-        "  create 1 umbrella note, archiving the notes merged into them:",
-        "    new note  summary                  archives",
-        f"    Lyon      The train trip to Lyon.  #{ids.lyon} Lyon trip",
-        f"                                       #{ids.train} Train to Lyon",
+        "  create 1 umbrella note holding the text of the notes it archives:",
+        "    new note  archives",
+        f"    Lyon      #{ids.lyon} Lyon trip",
+        f"              #{ids.train} Train to Lyon",
     ]
     (umbrella,) = run.umbrellas
+    assert umbrella.body == LYON_BODY
     assert [n.id for n in store.merged_into(umbrella.id)] == [ids.lyon, ids.train]
     assert store.counts() == {NoteState.ACTIVE: 2, NoteState.STALE: 1, NoteState.ARCHIVED: 3}
     # The model saw only the notes still active after the sweep.
@@ -524,19 +569,19 @@ def test_a_note_used_while_the_model_works_makes_the_run_write_nothing(
 def test_only_the_most_recently_used_notes_go_into_the_prompt(
     sim: Provider, client: ChatClient, store: NoteStore
 ) -> None:
-    seed(store, NOW)  # active after the sweep: lyon (1 day), train (2 days), paris (1 day)
-    store.add("Museum tickets", "For the museum on Sunday", now=NOW - 0.5 * DAY)
+    ids = seed(store, NOW)  # active after the sweep: lyon (1 day), train (2 days), paris (1 day)
+    tickets = store.add("Paris tickets", "For the museum on Sunday", now=NOW - 0.5 * DAY).id
     sim.reply = lambda body: plan_reply()
     run = in_host(
         curate, store, client=client, consolidate=True, dry_run=True, now=NOW, max_notes=3
     )
     assert run.outcome is CuratorOutcome.DRY_RUN  # the sweep; an empty plan
-    # Museum tickets and Paris share words: asked about. Train to Lyon is the
-    # oldest and left out, so Lyon trip has no partner and no request follows.
+    # Paris and Paris tickets share a title word: asked about. Train to Lyon
+    # is the oldest and left out, so Lyon trip has no partner and no request follows.
     (body,) = sim.bodies
     assert body["messages"][-1]["content"] == (
-        "Notes:\n1. Paris\n   Museum on Sunday\n2. Museum tickets\n   For the museum on Sunday\n"
-        "Answer:"
+        f"Notes:\n#{ids.paris} Paris\n   Museum on Sunday\n"
+        f"#{tickets} Paris tickets\n   For the museum on Sunday\nAnswer:"
     )
 
 
@@ -545,8 +590,8 @@ def test_each_umbrella_is_asked_about_one_group_and_a_declined_group_is_not_aske
 ) -> None:
     lyon = [store.add("Lyon trip", "Train at 9:12").id, store.add("Train to Lyon", "Seat 42").id]
     bread = [store.add("Bread recipe", "Flour, water").id, store.add("Bread starter", "Feed").id]
-    store.add("Guitar chords", "G, C, D")  # shares no word: never sent
-    umbrella = {"notes": [1, 2], "title": "Bread", "summary": "The bread recipe and its starter."}
+    store.add("Guitar chords", "G, C, D")  # shares no title word: never sent
+    umbrella = {"notes": bread, "title": "Bread baking"}
     # The model declines the Lyon notes (no umbrella) and groups the bread notes.
     sim.reply = lambda body: (
         plan_reply()
@@ -555,14 +600,48 @@ def test_each_umbrella_is_asked_about_one_group_and_a_declined_group_is_not_aske
     )
     plan = in_host(make_plan, client, store.notes())
     assert plan.defect is None
-    assert plan.umbrellas == (Umbrella("Bread", umbrella["summary"], tuple(bread)),)
+    by_id = {n.id: n for n in store.notes()}
+    assert plan.umbrellas == (
+        Umbrella("Bread baking", umbrella_body([by_id[i] for i in bread]), tuple(bread)),
+    )
+    # "Bread" starts both of its titles, "Lyon" one of its: the bread notes first.
     assert [body["messages"][-1]["content"] for body in sim.bodies] == [
-        "Notes:\n1. Lyon trip\n   Train at 9:12\n2. Train to Lyon\n   Seat 42\nAnswer:",
-        "Notes:\n1. Bread recipe\n   Flour, water\n2. Bread starter\n   Feed\nAnswer:",
+        f"Notes:\n#{bread[0]} Bread recipe\n   Flour, water\n#{bread[1]} Bread starter\n   Feed\n"
+        "Answer:",
+        f"Notes:\n#{lyon[0]} Lyon trip\n   Train at 9:12\n#{lyon[1]} Train to Lyon\n   Seat 42\n"
+        "Answer:",
     ]
     assert plan.usage.requests == 2
     assert validate_plan(plan, store.notes()) == []
     assert not set(lyon) & {i for u in plan.umbrellas for i in u.note_ids}  # declined
+
+
+def test_a_declined_group_is_not_asked_about_again_inside_a_larger_group(
+    sim: Provider, client: ChatClient, store: NoteStore
+) -> None:
+    times = store.add("Lyon train times", "9:12 on Friday").id
+    seats = store.add("Lyon train seats", "Coach 7, seat 42").id
+    hotel = store.add("Lyon hotel", "Two nights").id
+    paris = store.add("Train to Paris", "Monday").id
+    museum = store.add("Paris museum", "Sunday").id
+    # The Lyon notes are offered first (three titles, "Lyon" starts each);
+    # the model declines them: they are not about one thing. The train notes
+    # (times, seats, and the Paris train) would bring two of them together
+    # again: never asked. Neither is the Lyon group a second time.
+    asked: list[list[int]] = []
+
+    def reply(body: dict[str, Any]) -> Mapping[str, Any]:
+        schema = body["response_format"]["json_schema"]["schema"]
+        offered = schema["properties"]["umbrellas"]["items"]["properties"]["notes"]["enum"]
+        asked.append(offered[0])
+        if offered[0] == [paris, museum]:
+            return {"content": json.dumps({"umbrellas": [{"notes": offered[0], "title": "Paris"}]})}
+        return plan_reply()
+
+    sim.reply = reply
+    plan = in_host(make_plan, client, store.notes())
+    assert asked == [[times, seats, hotel], [paris, museum]]
+    assert [u.note_ids for u in plan.umbrellas] == [(paris, museum)]
 
 
 def test_notes_that_share_no_word_are_not_sent_to_the_model(
@@ -572,7 +651,7 @@ def test_notes_that_share_no_word_are_not_sent_to_the_model(
     store.add("Guitar chords", "G, C, D", now=NOW)
     run = in_host(curate, store, client=client, consolidate=True, now=NOW)
     assert run.outcome is CuratorOutcome.NOTHING_TO_DO
-    assert run.skipped == "no two active notes share a word: nothing to consolidate"
+    assert run.skipped == "no two active notes share a word in their titles: nothing to consolidate"
     assert sim.bodies == []
 
 
@@ -584,6 +663,155 @@ def test_fewer_than_two_active_notes_are_not_sent_to_the_model(
     assert run.outcome is CuratorOutcome.NOTHING_TO_DO
     assert run.skipped == "consolidation needs at least two active notes; there are 1"
     assert sim.bodies == []
+
+
+# -- issue 37's store, through the real curator -------------------------------------------
+
+ISSUE_NOTES = {
+    "sourdough": [
+        ("Sourdough starter", "Feed it 50 g flour and 50 g water every 12 hours."),
+        ("Starter smells of acetone", "Feed the sourdough twice a day and keep it at 24 C."),
+        ("Reviving the starter", "After the fridge, discard half and feed it for 2 days."),
+    ],
+    "bike": [
+        ("Bike tyres", "Pump to 60 psi front and 65 psi rear; check every 200 km."),
+        ("Bike chain", "Clean and oil the chain every 300 km."),
+        ("Bike brakes", "New pads from Cycle Hub before the Alps ride in June."),
+    ],
+    "dentist": [("Dentist appointment", "Dr Patel, Tuesday 14 May at 9:30.")],
+    "shopping": [("Shopping list", "Flour, eggs, milk and chain oil.")],
+}
+#: What SmolLM2 answered for this store (issue 37), as far as the schema lets a model.
+ISSUE_TITLES = {"Sourdough": "Sourdough Sourdough Sourdough Sourdough", "Bike": "Bike tyres"}
+ISSUE_SUMMARIES = {
+    "Sourdough": "The sourdough starter is a natural product that is used to create a wide",
+    "Bike": "Bike tyres are a crucial component of the bike's design, providing a lightweight "
+    "yet powerful alternative to traditional",
+}
+FIT_TITLES = {"Sourdough": "Starter care", "Bike": "Bike upkeep"}
+
+
+def scripted_model(
+    titles: dict[str, str], summaries: dict[str, str]
+) -> Callable[[dict[str, Any]], Any]:
+    """A model that, like SmolLM2, takes the first group offered, titled and summarised.
+
+    ``titles`` and ``summaries`` by a word of the first note listed.
+    """
+
+    def reply(body: dict[str, Any]) -> Mapping[str, Any]:
+        schema = body["response_format"]["json_schema"]["schema"]
+        offered = schema["properties"]["umbrellas"]["items"]["properties"]["notes"]["enum"]
+        first = body["messages"][-1]["content"].splitlines()[1]
+        title = next(t for word, t in titles.items() if word in first)
+        summary = next(t for word, t in summaries.items() if word in first)
+        umbrella = {"notes": offered[0], "title": title, "summary": summary}
+        return {"content": json.dumps({"umbrellas": [umbrella]})}
+
+    return reply
+
+
+def _numbers(text: str) -> set[str]:
+    return set(re.findall(r"\d+(?:[.:,]\d+)*", text))
+
+
+def _words(text: str) -> list[str]:
+    return [w.casefold() for w in re.findall(r"[^\W\d_]{3,}", text)]
+
+
+@pytest.mark.parametrize("model", ["as in the issue", "fit titles"])
+def test_issue_37s_store_is_consolidated_into_its_notes_own_words_one_topic_each(
+    sim: Provider, store: NoteStore, client: ChatClient, model: str
+) -> None:
+    topic = {
+        store.add(title, body).id: name
+        for name, notes in ISSUE_NOTES.items()
+        for title, body in notes
+    }
+    before = {n.id: n for n in store.notes()}
+    titles = ISSUE_TITLES if model == "as in the issue" else FIT_TITLES
+    sim.reply = scripted_model(titles, ISSUE_SUMMARIES)
+    console = Console(store, client)
+    out = console.run(curator_run, "--consolidate")
+
+    # The confirmation named the notes as the model's reply did: by id.
+    (question,) = console.questions
+    streamed = console.text("token")
+    assert '"notes": [1, 2, 3]' in streamed
+    assert '"notes": [4, 5, 6]' in streamed
+    for note_id in range(1, 7):
+        assert f"#{note_id} {before[note_id].title}" in question
+    if model == "as in the issue":
+        assert "the model's title 'Sourdough Sourdough Sourdough Sourdough' for #1 #2 #3" in out
+        assert "the model's title 'Bike tyres' for #4 #5 #6 is refused" in out
+
+    made = [n for n in store.notes() if n.id not in before]
+    assert len(made) == 2
+    grouped: list[set[int]] = []
+    for umbrella in made:
+        members = store.merged_into(umbrella.id)
+        ids = {n.id for n in members}
+        grouped.append(ids)
+        source = "\n".join(f"{n.title}\n{n.body}" for n in members)
+        # No invented fact: every line is a line of its notes, every number theirs.
+        assert set(umbrella.body.splitlines()) <= set(source.splitlines()) | {""}
+        assert _numbers(umbrella.body) == _numbers(source)
+        assert "crucial" not in umbrella.body
+        # No degenerate title: no word twice, not one note's title, a word they all hold.
+        words = _words(umbrella.title)
+        assert len(words) == len(set(words)), umbrella.title
+        assert umbrella.title not in {n.title for n in members}
+        assert any(all(w in _words(f"{n.title} {n.body}") for n in members) for w in words)
+        # One topic each.
+        assert len({topic[i] for i in ids}) == 1
+    # No member left out: each topic of several notes is one umbrella, whole.
+    assert sorted(map(sorted, grouped)) == [[1, 2, 3], [4, 5, 6]]
+    after = {n.id: n for n in store.notes()}
+    assert after[7] == before[7]  # the dentist and the shopping list are untouched
+    assert after[8] == before[8]
+
+
+def test_issue_37s_summary_is_refused_and_nothing_is_written(
+    sim: Provider, store: NoteStore, client: ChatClient
+) -> None:
+    for notes in ISSUE_NOTES.values():
+        for title, body in notes:
+            store.add(title, body)
+    before = store.dump()
+    sim.reply = scripted_model(FIT_TITLES, ISSUE_SUMMARIES)
+    console = Console(store, client)
+    with pytest.raises(CommandError) as caught:
+        console.run(curator_run, "--consolidate", "--summarize", "--yes")
+    assert str(caught.value) == (
+        "the plan is invalid, nothing was changed: "
+        "umbrella 1: the summary ends mid-sentence ('…powerful alternative to traditional'); "
+        "umbrella 2: the summary ends mid-sentence ('…to create a wide')"
+    )
+    assert store.dump() == before
+
+
+def test_a_checked_summary_leads_the_notes_own_text(
+    sim: Provider, store: NoteStore, client: ChatClient
+) -> None:
+    for notes in ISSUE_NOTES.values():
+        for title, body in notes:
+            store.add(title, body)
+    summaries = {
+        "Sourdough": "Feed the starter every 12 hours and keep it at 24 C.",
+        "Bike": "Pump the tyres to 60 psi; get pads at Cycle Hub before the Alps.",
+    }
+    sim.reply = scripted_model(FIT_TITLES, summaries)
+    Console(store, client).run(curator_run, "--consolidate", "--summarize", "--yes")
+    made = [n for n in store.notes() if n.id > 8]
+    assert [n.title for n in made] == ["Bike upkeep", "Starter care"]
+    for umbrella, summary in zip(made, [summaries["Bike"], summaries["Sourdough"]], strict=True):
+        members = store.merged_into(umbrella.id)
+        assert umbrella.body == summary + "\n\n" + umbrella_body(members)
+
+
+def test_summarize_needs_consolidate(store: NoteStore, client: ChatClient) -> None:
+    with pytest.raises(UsageError, match="--summarize needs --consolidate; usage: curator run"):
+        Console(store, client).run(curator_run, "--summarize")
 
 
 # -- a cut at any moment leaves the store as it was -------------------------------------
@@ -695,9 +923,17 @@ def test_a_cut_at_any_moment_leaves_the_store_exactly_as_it_was(
 class Console:
     """Runs ``curator ...`` the way the runner does, with a hand-built ``CommandContext``."""
 
-    def __init__(self, store: NoteStore, client: ChatClient, *, answer: bool | None = True):
+    def __init__(
+        self,
+        store: NoteStore,
+        client: ChatClient,
+        *,
+        answer: bool | None = True,
+        max_tokens: int | None = None,
+    ):
         self.store = store
         self.client = client
+        self.max_tokens = max_tokens  # the provider's reply bound (Services.max_tokens)
         self.answer = answer  # None: the confirmation waits until cancelled
         self.scope = InterruptScope("command")
         self.frames: list[tuple[str, str]] = []
@@ -731,7 +967,12 @@ class Console:
             line=" ".join(args),
             scope=self.scope,
             session=Session(),
-            services=Services(store=self.store, chat_client=lambda: self.client, model="sim"),
+            services=Services(
+                store=self.store,
+                chat_client=lambda: self.client,
+                model="sim",
+                **({"max_tokens": self.max_tokens} if self.max_tokens else {}),
+            ),
             output=self.output,
             confirm=self.confirm,
             add_usage=self.usage.append,
@@ -797,8 +1038,15 @@ def test_curator_run_dry_run_prints_the_plan_and_writes_nothing(
     console = Console(store, client)
     out = console.run(curator_run, "--consolidate", "--dry-run")
     assert console.questions == []
-    assert "dry run, nothing was changed" in out
-    assert "umbrella 1 'Lyon': The train trip to Lyon." in out
+    assert out.splitlines()[1:] == [
+        "dry run, nothing was changed; a run would:",
+        f"  mark stale (unused for long): #{ids.old} 'Old recipe'",
+        f"  archive (stale for long): #{ids.ancient} 'Ancient'",
+        f"  merge #{ids.lyon} 'Lyon trip', #{ids.train} 'Train to Lyon' into a new note 'Lyon'",
+        "    new note  archives",
+        f"    Lyon      #{ids.lyon} Lyon trip",
+        f"              #{ids.train} Train to Lyon",
+    ]
     assert store.dump() == before
 
 
@@ -932,6 +1180,9 @@ def test_the_real_local_model_answers_with_json_of_the_plan_shape(
     assert validate_plan(plan, store.notes()) == [], plan.text
     pair = {n.id for n in store.notes() if "Lyon" in n.title}
     assert [set(u.note_ids) for u in plan.umbrellas] in ([], [pair])
+    by_id = {n.id: n for n in store.notes()}
+    for umbrella in plan.umbrellas:  # whatever it titled it, the body is the notes' own text
+        assert umbrella.body == umbrella_body([by_id[i] for i in umbrella.note_ids])
 
 
 @pytest.mark.local
@@ -941,7 +1192,7 @@ def test_the_real_local_model_cannot_leave_the_schema(local_model: LocalServer) 
     # within it: llama.cpp compiled every keyword of the schema into its
     # grammar. A keyword it cannot compile (some ``pattern`` did that) would
     # leave the reply unconstrained, and this test fails.
-    schema = plan_schema([(1, 2), (3, 4), (1, 2, 5)], max_umbrellas=1)
+    schema = plan_schema([(1, 2), (3, 4), (1, 2, 5)], max_umbrellas=1, summarize=True)
     bad = {
         "notes": [1, 3],
         "title": "Lyon trip: Train to Lyon at 9:12 on Friday again",
@@ -956,7 +1207,7 @@ def test_the_real_local_model_cannot_leave_the_schema(local_model: LocalServer) 
                 "json_schema": {"name": "plan", "strict": True, "schema": schema},
             },
             temperature=0,
-            max_tokens=200,  # one umbrella at its longest bounds: ~60
+            max_tokens=400,  # one umbrella at its longest bounds, a token a character: ~260
         )
     assert reply.finish_reason == "stop", reply.text
     jsonschema.validate(json.loads(reply.text), schema)
@@ -965,38 +1216,50 @@ def test_the_real_local_model_cannot_leave_the_schema(local_model: LocalServer) 
 # -- degenerate plans: each refused end to end, nothing written ----------------------------
 
 
-def _degenerate(ids: Seeded, extra: int) -> dict[str, dict[str, Any]]:
-    """What a confused small model answers, and (``why``) the reason each is refused for."""
+def _degenerate(ids: Seeded, extra: int) -> dict[str, tuple[dict[str, Any], bool]]:
+    """What a confused model answers, and whether the run asked for summaries."""
     pair = [ids.lyon, ids.train]
+    summed = {"notes": pair, "title": "Lyon"}
     return {
-        "dots": plan_reply(("...", "...", pair)),
-        "placeholders": plan_reply(("title", "summary", pair)),
-        "todo": plan_reply(("TODO", "The train trip to Lyon.", pair)),
-        "summary is the title": plan_reply(("Lyon trip", "Lyon trip.", pair)),
-        "every note": plan_reply(
-            ("Everything", "All the notes.", [ids.lyon, ids.train, ids.paris, extra])
+        "every note": (
+            plan_reply(("Everything", "", [ids.lyon, ids.train, ids.paris, extra])),
+            False,
         ),
-        "one id twice": plan_reply(
-            ("Lyon", "The trip.", pair), ("Trains", "Trains.", [ids.train, ids.paris])
+        "one id twice": (
+            plan_reply(("Lyon", "", pair), ("Trains", "", [ids.train, ids.paris])),
+            False,
         ),
-        "nested": {"content": '{"umbrellas": [' + "[" * 30_000 + "]" * 30_000 + "]}"},
-        "same title twice": plan_reply(
-            ("Lyon trip", "The train trip to Lyon.", pair),
-            ("Lyon trip", "The train trip to Lyon.", [ids.paris, extra]),
+        # Paris and the bread recipe: "museum" and "Sunday" in their bodies only.
+        "two topics": (plan_reply(("Sunday museum", "", [ids.paris, extra])), False),
+        "nested": ({"content": '{"umbrellas": [' + "[" * 30_000 + "]" * 30_000 + "]}"}, False),
+        "summary is the title": (
+            {"content": json.dumps({"umbrellas": [{**summed, "summary": "Lyon!"}]})},
+            True,
+        ),
+        "summary cut mid-sentence": (
+            {"content": json.dumps({"umbrellas": [{**summed, "summary": "The trip. It is "}]})},
+            True,
+        ),
+        "summary invents": (
+            {"content": json.dumps({"umbrellas": [{**summed, "summary": "Seat 24 at 9:12."}]})},
+            True,
+        ),
+        "summary placeholder": (
+            {"content": json.dumps({"umbrellas": [{**summed, "summary": "summary"}]})},
+            True,
         ),
     }
 
 
 DEGENERATE_WHY = {
-    "dots": "umbrella 1: the title has no words ('...'); umbrella 1: the summary has no words",
-    "placeholders": "umbrella 1: the title is a placeholder ('title'); umbrella 1: the summary is"
-    " a placeholder ('summary')",
-    "todo": "umbrella 1: the title is a placeholder ('TODO')",
-    "summary is the title": "umbrella 1: the summary only repeats the title",
     "every note": "umbrella 1 merges every active note (4): that groups nothing",
     "one id twice": "is in umbrellas 1 and 2",
+    "two topics": "umbrella 1 joins two topics: no word is in all its notes' titles",
     "nested": "the reply is not a plan: its JSON is nested too deeply",
-    "same title twice": "umbrella 2 has the title of umbrella 1",
+    "summary is the title": "umbrella 1: the summary only repeats the title",
+    "summary cut mid-sentence": "umbrella 1: the summary ends mid-sentence ('…The trip. It is')",
+    "summary invents": "umbrella 1: the summary says '24', which none of its notes says",
+    "summary placeholder": "umbrella 1: the summary is a placeholder ('summary')",
 }
 
 
@@ -1005,18 +1268,54 @@ def test_a_degenerate_plan_writes_nothing_and_the_command_says_why(
     sim: Provider, store: NoteStore, client: ChatClient, kind: str
 ) -> None:
     ids = seed(store, time.time())
-    extra = store.add("Bread recipe", "Flour, water, salt").id  # four active notes after the sweep
-    reply = _degenerate(ids, extra)[kind]
+    # Four active notes after the sweep.
+    extra = store.add("Bread recipe", "Flour, water, salt; the museum shop on Sunday").id
+    reply, summarize = _degenerate(ids, extra)[kind]
     sim.reply = lambda body: reply
     before = store.dump()
     console = Console(store, client)
+    args = ["--consolidate", "--yes", *(["--summarize"] if summarize else [])]
     with pytest.raises(CommandError) as caught:
-        console.run(curator_run, "--consolidate", "--yes")  # --yes: nothing stands in the way
+        console.run(curator_run, *args)  # --yes: nothing stands in the way
     message = str(caught.value)
     assert message.startswith("the plan is invalid, nothing was changed: ")
     assert DEGENERATE_WHY[kind] in message
     assert store.dump() == before  # not the plan, not even the sweep
     assert console.questions == []
+
+
+@pytest.mark.parametrize(
+    ("title", "why"),
+    [
+        ("...", "the title has no words ('...')"),
+        ("TODO", "the title is a placeholder ('TODO')"),
+        ("Lyon Lyon Lyon", "the title repeats 'Lyon'"),
+        ("Lyon trip", "the title is the title of note #2 alone, not of all 2"),
+        ("Holiday plans", "the title names no word that all its notes hold"),
+        (
+            "Paris",
+            "the title names no word that all its notes hold; "
+            "the title is the title of note #4, which it does not merge",
+        ),
+    ],
+)
+def test_an_unfit_title_is_replaced_by_what_the_titles_share_and_the_run_says_so(
+    sim: Provider, store: NoteStore, client: ChatClient, title: str, why: str
+) -> None:
+    ids = seed(store, time.time())
+    assert ids.lyon == 2
+    reply = {"content": json.dumps({"umbrellas": [{"notes": [2, 3], "title": title}]})}
+    sim.reply = lambda body: reply
+    console = Console(store, client)
+    out = console.run(curator_run, "--consolidate", "--yes")
+    assert out.splitlines()[1] == (
+        f"the model's title {title!r} for #2 #3 is refused ({why}); "
+        "titled 'Lyon', what all their titles share"
+    )
+    (umbrella,) = [n for n in store.notes() if n.id not in vars(ids).values()]
+    assert (umbrella.title, umbrella.body) == ("Lyon", LYON_BODY)
+    assert [n.id for n in store.merged_into(umbrella.id)] == [2, 3]
+    assert console.text("token") == reply["content"] + "\n"  # the reply as the model gave it
 
 
 def test_a_reply_that_pads_whitespace_is_cut_early_and_is_no_plan(
@@ -1046,15 +1345,24 @@ def test_a_reply_that_goes_on_after_its_json_closed_is_cut_there_and_used(
 ) -> None:
     ids = seed(store, time.time())
     plan_text = lyon_plan(ids)["content"]
-    sim.reply = lambda body: {"content": plan_text + " And some more words" * 500}
-    console = Console(store, client)
+    # A tail of 100,000 tokens and room for all of them: only a cut ends this
+    # reply before it all arrives (minutes at the simulator's rate).
+    tail = " And some more words" * 25_000
+    sim.reply = lambda body: {"content": plan_text + tail}
+    console = Console(store, client, max_tokens=200_000)
     out = console.run(curator_run, "--consolidate", "--yes")
     assert "new umbrella notes: #6" in out
     (summary,) = sim.server.requests()
     sim.server.wait_for_event("peer_closed", summary.id, timeout=BOUND)
+    (ended,) = sim.server.requests()
+    assert ended.state == "peer_closed"  # cut there: the provider never finished the reply
+    # The plan was read whole, and what was counted is what the provider sent
+    # before the cut, however many tokens that was on a busy machine.
     (usage,) = console.usage
-    assert usage.completion_tokens <= token_count(lyon_plan(ids)) + 2
-    assert [n.title for n in store.notes() if n.umbrella_id is None][-1] == "Lyon"
+    assert usage.completion_tokens is not None
+    assert token_count(lyon_plan(ids)) <= usage.completion_tokens <= ended.n_decoded
+    (umbrella,) = [n for n in store.notes() if n.id not in vars(ids).values()]
+    assert (umbrella.title, umbrella.body) == ("Lyon", LYON_BODY)  # nothing of the tail
 
 
 def test_the_streamed_plan_is_shown_with_whitespace_collapsed(

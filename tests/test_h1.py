@@ -20,10 +20,10 @@ from _loopback import (
     self_signed,
 )
 from _promises import assert_cut_reached_the_server, assert_quiet
+from _support import BOUND
 from wirecut.http import H1Transport
 from wirecut.scope import Interrupted, InterruptScope, bind_scope
 
-BOUND = 5.0
 LONG = 60.0  # a timeout no test may reach: only a cut ends the wait within BOUND
 
 
@@ -293,3 +293,52 @@ def test_a_reused_connection_is_registered_again_and_cut(client: httpx.Client) -
             future.result(BOUND)
         assert server.wait_closes(1)
         assert_quiet(scope)
+
+
+def test_a_paced_body_takes_what_came_during_the_pause_in_one_read() -> None:
+    got_first = threading.Event()
+
+    def burst(ex: Exchange) -> None:
+        ex.start_chunked()
+        ex.chunk(b"a")
+        got_first.wait(BOUND)
+        for part in (b"b", b"c", b"d"):
+            ex.chunk(part)
+        ex.end_chunked()
+
+    transport = H1Transport(read_interval=1.0)
+    with LoopbackServer(burst) as server, httpx.Client(transport=transport, timeout=30) as c:
+        with c.stream("GET", f"{server.url}/s") as response:
+            chunks = []
+            for chunk in response.iter_raw():
+                chunks.append(chunk)
+                got_first.set()
+    assert chunks == [b"a", b"bcd"]
+
+
+def test_a_cut_during_a_paced_read_is_interrupted_and_reaches_the_server() -> None:
+    scope = InterruptScope("t")
+    first = threading.Event()
+
+    def worker(client: httpx.Client) -> None:
+        with client.stream("GET", f"{server.url}/s") as response:
+            for _ in response.iter_raw():
+                first.set()
+
+    transport = H1Transport(read_interval=1.0)
+    with (
+        LoopbackServer(stream_then_stall) as server,
+        httpx.Client(transport=transport, timeout=30) as client,
+    ):
+        future = scope.spawn(worker, client)
+        assert first.wait(BOUND)
+        scope.cancel("stop")
+        with pytest.raises(Interrupted):
+            future.result(BOUND)
+        assert_cut_reached_the_server(server, scope)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan"), "0.1"])
+def test_a_bad_read_interval_is_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match="read_interval"):
+        H1Transport(read_interval=bad)  # type: ignore[arg-type]

@@ -24,6 +24,7 @@ from _loopback import (
     self_signed,
 )
 from _promises import assert_cut_reached_the_server, assert_quiet, cyclic_garbage
+from _support import BOUND
 from wirecut.http import (
     ScopedNetworkBackend,
     ScopedTransport,
@@ -38,7 +39,6 @@ from wirecut.http._thirdparty import (
 )
 from wirecut.scope import Interrupted, InterruptScope, bind_scope
 
-BOUND = 5.0  # seconds: a generous bound for "promptly" on a shared, noisy machine
 # A timeout no test may reach: only a cut can end the wait within BOUND.
 LONG = 60.0
 

@@ -34,7 +34,8 @@ from click.testing import CliRunner
 import wirecut.local
 from _console import ConsoleClient
 from wirecut.cli import main
-from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
+from wirecut.console.server import ConsoleConfig, ConsoleServer
+from wirecut.launch import Provider
 from wirecut.local import (
     GEMMA_MODEL_NAME,
     MODEL_NAME,

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from _loopback import self_signed
-from wirecut.simulator import LoopbackExchange, LoopbackServer
+from _support import BOUND
+from wirecut.loopback import LoopbackExchange, LoopbackServer
 
-BOUND = 5.0  # seconds: a generous bound for "promptly" on a shared, noisy machine
 REQUEST = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 # The read and recvfrom system calls (OpenSSL reads a socket with read()).
 _READS = {"x86_64": {"0", "45"}, "aarch64": {"63", "207"}}

@@ -38,10 +38,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from _console import Console, ConsoleClient, health, running_console, wait_health
-from wirecut._record import UsageFacts
-from wirecut.console.runner import CompleteFacts, Reason
-from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
+from wirecut.console.server import ConsoleConfig, ConsoleServer
 from wirecut.console.server._slot_watch import SETTLE, SlotWatch
+from wirecut.launch import Provider
+from wirecut.record import CompleteFacts, Reason, UsageFacts
 from wirecut.simulator import EventKind, SimConfig
 
 #: Batches of 200 prompt tokens, 2 s each: a cut waits up to 2 s for the batch under way.
@@ -223,12 +223,12 @@ def test_the_cuts_of_a_burst_share_the_first_reading_of_slots_after_it() -> None
 _FIRST_READING = """
 import asyncio, json, sys, tempfile, time
 from pathlib import Path
-from wirecut._record import UsageFacts
-from wirecut.console.runner import CompleteFacts, Reason
-from wirecut.console.server import ConsoleConfig, Provider
-from wirecut.console.server._app import create_app
-from wirecut.console.server._serve import build_state
-from wirecut.proof._sim_process import SimProcess
+from wirecut.record import UsageFacts
+from wirecut.record import CompleteFacts, Reason
+from wirecut.console.server import ConsoleConfig
+from wirecut.launch import Provider
+from wirecut.console.server import build_state, create_app
+from wirecut.proof import SimProcess
 from wirecut.simulator import SimConfig
 
 async def main(base_url, data_dir):

@@ -24,6 +24,7 @@ from typing import Any, cast
 
 import pytest
 
+from _support import BOUND
 from wirecut.console.commands import (
     CommandContext,
     Session,
@@ -32,11 +33,9 @@ from wirecut.console.commands import (
     builtin_commands,
 )
 from wirecut.console.commands._probe import POINTS, probe, probe_command
+from wirecut.loopback import FullBacklog, LoopbackServer
 from wirecut.provider import Usage
 from wirecut.scope import Interrupted, InterruptScope, TimelineEvent
-from wirecut.simulator import FullBacklog, LoopbackServer
-
-BOUND = 10.0  # seconds: "promptly" on a shared, noisy machine
 
 
 class Output:

@@ -24,6 +24,7 @@ from _loopback import (
     self_signed,
 )
 from _promises import assert_quiet, cyclic_garbage
+from _support import BOUND
 from wirecut.provider import (
     ChatClient,
     ChatResult,
@@ -38,7 +39,6 @@ from wirecut.provider import (
 )
 from wirecut.scope import Interrupted, InterruptScope, bind_scope
 
-BOUND = 5.0  # seconds: a generous bound for "promptly" on a shared, noisy machine
 # A timeout no test may reach: only a cut can end the wait within BOUND.
 LONG = 60.0
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -120,6 +120,31 @@ def test_a_stream_returns_text_usage_and_each_token(server: LoopbackServer) -> N
     assert body["temperature"] == 0
     assert body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
+
+
+def test_a_paced_client_gives_on_token_each_reads_tokens_together() -> None:
+    first = threading.Event()
+
+    def burst(ex: Exchange) -> None:
+        ex.start_chunked()
+        ex.chunk(f"data: {json.dumps(chunk('Hello'))}\n\n".encode())
+        first.wait(BOUND)  # the rest comes while the client pauses between reads
+        for payload in (chunk(" big"), chunk(" world"), chunk(finish="stop"), USAGE):
+            ex.chunk(f"data: {json.dumps(payload)}\n\n".encode())
+        ex.chunk(b"data: [DONE]\n\n")
+        ex.end_chunked()
+
+    tokens: list[str] = []
+
+    def on_token(text: str) -> None:
+        tokens.append(text)
+        first.set()
+
+    with LoopbackServer(burst) as server, ChatClient(server.url, read_interval=1.0) as client:
+        result = client.chat(MESSAGES, on_token=on_token)
+    assert tokens == ["Hello", " big world"]
+    assert result.text == "Hello big world"
+    assert result.usage == Usage(5, 2, 7, requests=1)
 
 
 def test_a_whole_answer_still_streams_on_the_wire(server: LoopbackServer) -> None:

@@ -24,20 +24,22 @@ from hypothesis import strategies as st
 
 from _console import ConsoleClient
 from _loopback import Exchange, LoopbackServer
+from _support import BOUND
 from wirecut import _json
 from wirecut.agent import http_get_tool
 from wirecut.agent._builtins import MAX_FETCH_BYTES
-from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
+from wirecut.console.server import ConsoleConfig, ConsoleServer
+from wirecut.launch import Provider
 from wirecut.provider import (
     ChatClient,
     ProviderResponseError,
     ResponseLimits,
+    SseDecoder,
     Usage,
     iter_lines,
     iter_sse,
 )
 
-BOUND = 10.0  # seconds: a generous bound for "promptly" on a shared, noisy machine
 MESSAGES = [{"role": "user", "content": "hi"}]
 MiB = 1 << 20
 
@@ -328,3 +330,39 @@ def test_iter_lines_raises_before_holding_more_than_its_bound_plus_a_chunk() -> 
 
 def test_iter_sse_keeps_its_plain_form() -> None:
     assert [e.data for e in iter_sse(["data: a", "", "data: b"])] == ["a", "b"]
+
+
+# -- the decoder that a streamed reply goes through, a read at a time -------------------------
+
+_SSE_BYTES = b"data: x\r\nevent: e\nid: 7\n: note\n\ndata:y\r\rdata: \xc3\xa9\n\n\xff"
+
+
+@given(
+    st.lists(
+        st.sampled_from([b"data: ", b"a", b"\r", b"\n", b": c", b"event: e", b"\xc3"]), max_size=25
+    ),
+    st.data(),
+)
+def test_the_decoder_equals_iter_sse_of_iter_lines_however_the_reads_fall(
+    pieces: list[bytes], draw: st.DataObject
+) -> None:
+    data = b"".join(pieces) + _SSE_BYTES
+    cuts = sorted(draw.draw(st.lists(st.integers(0, len(data)), max_size=8)))
+    chunks = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+    decoder = SseDecoder()
+    events = [event for chunk in chunks for event in decoder.feed(chunk)] + decoder.end()
+    assert events == list(iter_sse(iter_lines([data])))
+
+
+def test_the_decoder_raises_at_a_line_past_its_bound() -> None:
+    decoder = SseDecoder(max_line_bytes=1000)
+    for _ in range(10):
+        decoder.feed(b"x" * 100)  # a line of 1000 bytes, not ended yet: within the bound
+    with pytest.raises(ProviderResponseError, match="longer than 1000 bytes"):
+        decoder.feed(b"x" * 100)
+
+
+def test_the_decoder_raises_at_an_event_past_its_bound() -> None:
+    decoder = SseDecoder(max_data_chars=10)
+    with pytest.raises(ProviderResponseError, match="longer than 10 characters"):
+        decoder.feed(b"data: 123456\ndata: 7890\n")

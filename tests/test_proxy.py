@@ -32,10 +32,10 @@ import openai
 import pytest
 
 from _loopback import Exchange, LoopbackServer
+from _support import BOUND
 from wirecut.proxy import ProxyConfig, ProxyServer
 from wirecut.simulator import EventKind, SimConfig, SimulatorServer
 
-BOUND = 10.0
 MESSAGES = [{"role": "user", "content": "tell me a long story"}]
 FAST = SimConfig(slots=2, tokens_per_second=200, prompt_ms=5, reply_tokens=8)
 ENDLESS = SimConfig(slots=1, tokens_per_second=100, prompt_ms=5, endless=True)

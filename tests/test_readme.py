@@ -19,11 +19,11 @@ from pathlib import Path
 import click
 import pytest
 
+from _support import PROCESS_BOUND as BOUND
 from wirecut.cli._provider import provider
 from wirecut.simulator import EventKind, SimConfig, SimulatorServer
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-BOUND = 30.0
 SERVER_COMMAND = "wirecut provider --endless"
 URL = re.compile(r"http://127\.0\.0\.1:(\d+)")
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from wirecut.console.runner import (
+from wirecut.record import (
     CompleteFacts,
     Ending,
-    Lifecycle,
+    LifecycleFacts,
     Reason,
     Status,
     TimelineStep,
@@ -80,7 +80,7 @@ def _facts() -> CompleteFacts:
         error="ignored for an ok status",
         elapsed_ms=12.3456,
         usage=UsageFacts(prompt_tokens=None, completion_tokens=40, requests=2),
-        lifecycle=Lifecycle(
+        lifecycle=LifecycleFacts(
             worker_exited=True,
             open_requests=0,
             open_processes=0,

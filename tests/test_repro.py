@@ -11,22 +11,17 @@ host's facts.
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
+
+from _support import run_wirecut
 
 FACTS = ("request_exited", "worker_exited", "provider_saw_close", "slot_free")
 FIGURES = ("cancel_to_complete_ms", "cancel_to_provider_close_ms")
 
 
 def _repro(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "wirecut", "repro", *args],
-        capture_output=True,
-        text=True,
-        timeout=50,
-        check=False,
-    )
+    return run_wirecut("repro", *args, timeout=50)
 
 
 def _section(lines: list[str]) -> dict[str, str]:

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import wirecut.scope as ws
+from _support import BOUND
 from wirecut.scope import (
     Interrupted,
     InterruptScope,
@@ -38,7 +39,6 @@ from wirecut.scope import (
 from wirecut.scope._process import group_members, parse_stat, proc_stat, wait_exited
 from wirecut.scope._timers import SYSTEM_CLOCK, SystemClock
 
-BOUND = 5.0  # seconds: generous bound for "promptly" on a shared, noisy machine
 HUGE = 1e10  # seconds: above threading.TIMEOUT_MAX, which no wait may exceed
 
 

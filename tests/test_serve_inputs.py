@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from _console import Console, running_console, serve_argv, serving
+from _support import PROCESS_BOUND as BOUND
+from _support import assert_one_line_failure, assert_usage_error
 from wirecut.memory import NoteStore
 from wirecut.provider import ProviderKind, base_url_problem, identify_provider
 from wirecut.simulator import SimConfig, SimulatorServer
-
-BOUND = 30.0  # seconds for a process that must answer at once (the imports take a moment)
 
 #: The variables that name a provider; cleared so that the machine's own do not leak in.
 PROVIDER_ENV = ("WIRECUT_PROVIDER_URL", "OPENAI_BASE_URL", "OPENAI_API_KEY")
@@ -58,25 +58,6 @@ def serve_banner(tmp_path: Path, *args: str, **env: str) -> list[str]:
     with serving(tmp_path, *args, env=serve_env(**env), stdin=subprocess.DEVNULL) as running:
         pass
     return running.err.splitlines()
-
-
-def assert_usage_error(result: subprocess.CompletedProcess[str], *words: str) -> None:
-    """Exit 2, nothing on stdout, one ``Error:`` line with ``words`` (and click's usage hint)."""
-    assert result.returncode == 2, result
-    assert result.stdout == ""
-    assert "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
-    assert len(errors) == 1, result.stderr
-    assert all(word in errors[0] for word in words), result.stderr
-    assert len([line for line in result.stderr.splitlines() if line.strip()]) <= 3
-
-
-def assert_one_line_failure(result: subprocess.CompletedProcess[str], *words: str) -> None:
-    assert result.returncode == 1, result
-    assert result.stdout == ""
-    assert "Traceback" not in result.stderr
-    assert len(result.stderr.splitlines()) == 1, result.stderr
-    assert all(word in result.stderr for word in words), result.stderr
 
 
 # -- the provider URL --------------------------------------------------------------------

@@ -11,22 +11,12 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterator
 
 import pytest
 
 from _acker import SlowAcker
-from _poll import BOUND
+from _support import BOUND
 from wirecut.scope import Interrupted, InterruptScope, MockClock
-
-
-@pytest.fixture
-def acker() -> Iterator[SlowAcker]:
-    server = SlowAcker()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def commit_over(sock: socket.socket) -> bytes:

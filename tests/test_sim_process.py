@@ -19,10 +19,9 @@ import httpx
 import pytest
 
 from _pids import exited
-from wirecut.proof._sim_process import SimProcess
+from _support import BOUND
+from wirecut.proof import SimProcess
 from wirecut.simulator import EventKind, SimConfig, SimEvent
-
-BOUND = 10.0  # seconds
 
 
 def _chat(stream: bool) -> dict[str, object]:
@@ -99,7 +98,7 @@ def test_a_model_the_command_line_cannot_set_is_refused() -> None:
 #: A bench in miniature: it starts a simulator process, says its pid, and waits.
 _PARENT = """
 import sys
-from wirecut.proof._sim_process import SimProcess
+from wirecut.proof import SimProcess
 from wirecut.simulator import SimConfig
 sim = SimProcess(SimConfig()).start()
 print(sim.pid, flush=True)

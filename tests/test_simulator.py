@@ -362,9 +362,12 @@ def test_a_failure_after_taking_a_slot_still_ends_the_request(
 
 # -- prompt processing in batches --------------------------------------------
 
-#: 40 batches of 100 tokens, 0.1 s each: a prompt of about 4 s.
+#: 41 batches of 100 tokens, 0.1 s each: a prompt of about 4 s.
 BATCHED: dict[str, Any] = {"prompt_tokens_per_second": 1000.0, "prompt_batch": 100}
 LONG_PROMPT = [{"role": "user", "content": " ".join(["word"] * 4000)}]
+#: What the ChatML template adds to a one-message prompt: <|im_start|>, "user\n",
+#: <|im_end|>, "\n", then <|im_start|> and "assistant\n" for the reply.
+TEMPLATE_TOKENS = 6
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "non_stream"])
@@ -380,11 +383,11 @@ def test_a_close_during_batched_prompt_processing_is_noticed_only_between_batche
         sock.shutdown(socket.SHUT_RDWR)
         closed = sim.wait_for(of(EventKind.PEER_CLOSED, request_id), timeout=5)
         freed = sim.wait_for(of(EventKind.SLOT_FREED, request_id), timeout=5)
-    assert first.detail == {"slot": 0, "n_prompt": 100, "of": 4000}
+    assert first.detail == {"slot": 0, "n_prompt": 100, "of": 4000 + TEMPLATE_TOKENS}
     # While it processes the prompt, /slots says so under llama.cpp's names.
     assert slot["is_processing"] is True
     assert slot["n_decoded"] == 0
-    assert slot["n_prompt_tokens"] == 4000
+    assert slot["n_prompt_tokens"] == 4000 + TEMPLATE_TOKENS
     assert 100 <= slot["n_prompt_tokens_processed"] < 4000
     assert closed.detail["where"] == "prompt"
     assert closed.detail["n_decoded"] == 0
@@ -406,7 +409,7 @@ def test_a_batched_prompt_that_is_not_cut_is_processed_whole_then_decoded(
     sim = make_sim(prompt_tokens_per_second=20000.0, prompt_batch=512)
     body = {"messages": [{"role": "user", "content": " ".join(["word"] * 1200)}]}
     reply = client.post(sim.base_url + "/chat/completions", json=body).json()
-    assert reply["usage"]["prompt_tokens"] == 1200
+    assert reply["usage"]["prompt_tokens"] == 1200 + TEMPLATE_TOKENS
     # The reply leaves before the request's last events are logged: wait for them.
     sim.wait_for(lambda ev: ev.kind == EventKind.SLOT_FREED, timeout=5)
     kinds = [ev.kind for ev in sim.events() if ev.kind != "token"]
@@ -421,9 +424,9 @@ def test_a_batched_prompt_that_is_not_cut_is_processed_whole_then_decoded(
         "slot_freed",
     ]
     sizes = [ev.detail["n_prompt"] for ev in sim.events() if ev.kind == "prompt_batch"]
-    assert sizes == [512, 1024, 1200]
+    assert sizes == [512, 1024, 1200 + TEMPLATE_TOKENS]
     slot = sim.slots()[0]
-    assert (slot["n_prompt_tokens"], slot["n_prompt_tokens_processed"]) == (1200, 1200)
+    assert slot["n_prompt_tokens"] == slot["n_prompt_tokens_processed"] == 1200 + TEMPLATE_TOKENS
 
 
 def test_stop_ends_a_batched_prompt_at_once(make_sim: Callable[..., SimulatorServer]) -> None:
@@ -746,6 +749,8 @@ def test_server_that_cannot_listen_says_so(make_sim: Callable[..., SimulatorServ
         {"prompt_batch": 0},
         {"reply_tokens": -1},
         {"slots": True},
+        {"multibyte_every": -1},
+        {"multibyte_every": 1.5},
     ],
 )
 def test_sim_config_rejects_bad_values(bad: dict[str, Any]) -> None:
@@ -757,7 +762,8 @@ def test_simulator_imports_nothing_from_the_client_side() -> None:
     code = (
         "import sys, wirecut.simulator\n"
         "bad = [m for m in sys.modules if m.split('.')[:2] in "
-        "(['wirecut', 'scope'], ['wirecut', 'http'], ['wirecut', 'provider'])]\n"
+        "(['wirecut', 'scope'], ['wirecut', 'http'], ['wirecut', 'provider'],"
+        " ['wirecut', 'proxy'])]\n"
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
@@ -775,6 +781,7 @@ def test_provider_help_lists_the_protocol_flags() -> None:
     assert "--endless" in result.output
     assert "--prompt-tokens-per-second" in result.output
     assert "--prompt-batch" in result.output
+    assert "--multibyte-every" in result.output
 
 
 @pytest.mark.parametrize(
@@ -788,6 +795,7 @@ def test_provider_help_lists_the_protocol_flags() -> None:
         ["--prompt-batch", "0"],
         ["--slots", "0"],
         ["--reply-tokens", "-1"],
+        ["--multibyte-every", "-1"],
         ["--port", "70000"],
         ["--no-such-flag"],
     ],
@@ -811,6 +819,28 @@ def test_cli_serves_until_a_signal_then_exits_0(sig: signal.Signals) -> None:
         assert match, line
         assert httpx.get(match[1].removesuffix("/v1") + "/health").json() == {"status": "ok"}
         proc.send_signal(sig)
+        assert proc.wait(10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_cli_multibyte_every_makes_generated_replies_multi_byte() -> None:
+    argv = [sys.executable, "-m", "wirecut", "provider", "--port", "0", "--prompt-ms", "0"]
+    argv += ["--tokens-per-second", "1000", "--reply-tokens", "4", "--multibyte-every", "1"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "a multi-byte word in 1" in line, line
+        base = line.partition(": ")[2].split(" ")[0]
+        reply = httpx.post(base + "/chat/completions", json={"messages": HELLO}, timeout=10).json()
+        text = reply["choices"][0]["message"]["content"]
+        assert not text.isascii()
+        assert reply["usage"]["completion_tokens"] >= 4
+        proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == 0
     finally:
         proc.kill()

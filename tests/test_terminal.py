@@ -36,8 +36,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 from websockets.sync.server import ServerConnection, serve
 
-from wirecut.console.commands import builtin_commands
-from wirecut.console.terminal import (
+from _support import PROCESS_BOUND as BOUND
+from wirecut.client import (
     EXIT_CANCELLED,
     EXIT_TIMEOUT,
     AddressError,
@@ -48,12 +48,13 @@ from wirecut.console.terminal import (
     timeline_chart,
     visible,
 )
-from wirecut.console.terminal._repl import CommandNames
+from wirecut.client._repl import CommandNames
+from wirecut.console.commands import builtin_commands
 from wirecut.memory import NoteStore
+from wirecut.record import NO_USAGE, CompleteFacts, Ending, LifecycleFacts, Reason
 from wirecut.simulator import SimConfig, SimulatorServer
 from wirecut.simulator._words import WORDS
 
-BOUND = 15.0  # seconds for one expected thing to show up on a shared, noisy machine
 PROMPT = "wirecut>"  # prompt_toolkit moves the cursor instead of writing the trailing space
 #: ANSI styling that may sit between two words on a terminal.
 _ANSI = r"(?:\x1b\[[0-9;?]*[ -/]*[@-~])*"
@@ -449,7 +450,7 @@ def test_an_error_or_warning_from_the_server_is_made_visible() -> None:
         RichConsole(file=err, force_terminal=True, no_color=True),
         verbose=True,
     )
-    renderer.complete({"status": "error", "error": "bad " + HOSTILE[1]}, None)
+    renderer.complete(CompleteFacts.failed("bad " + HOSTILE[1], elapsed_ms=0.0), None)
     renderer.warn("server: " + HOSTILE[0])
     renderer.question("curator run will:\n  archive " + HOSTILE[2])
     renderer.output("token", "tok " + HOSTILE[0])
@@ -462,8 +463,8 @@ def test_an_error_or_warning_from_the_server_is_made_visible() -> None:
 def _two_umbrellas(body: dict[str, Any]) -> dict[str, Any]:
     plan = {
         "umbrellas": [
-            {"title": "Trips", "summary": "Both trips.", "note_ids": [1, 2]},
-            {"title": "Food", "summary": "Both recipes.", "note_ids": [3, 4]},
+            {"title": "Trips", "note_ids": [1, 2]},
+            {"title": "Recipes", "note_ids": [3, 4]},
         ]
     }
     return {"content": json.dumps(plan)}
@@ -474,23 +475,22 @@ def test_a_multi_line_confirmation_is_printed_as_it_is_then_asked(
 ) -> None:
     with running_console(server_dir(tmp_path), responder=_two_umbrellas) as console:
         store = NoteStore.in_data_dir(console.data_dir)
-        for title in ("Lyon", "Paris", "Bread", "Soup"):
+        for title in ("Lyon trip", "Paris trip", "Bread recipe", "Soup recipe"):
             store.add(title, "body")
         child = spawn(console.server.url + f"?token={console.server.token}")
         child.expect(PROMPT)
         child.sendline("curator run --consolidate")
-        # The plan as its table (each umbrella's title, its summary's first
-        # line, the notes it archives), each line on a line of its own with
-        # its indentation and column alignment kept, and the y/N question only
-        # under the last one.
+        # The plan as its table (each umbrella's title and the notes it
+        # archives), each line on a line of its own with its indentation and
+        # column alignment kept, and the y/N question only under the last one.
         table = [
             "curator run will:",
-            "  create 2 umbrella notes, archiving the notes merged into them:",
-            "    new note  summary        archives",
-            "    Trips     Both trips.    #1 Lyon",
-            "                             #2 Paris",
-            "    Food      Both recipes.  #3 Bread",
-            "                             #4 Soup",
+            "  create 2 umbrella notes holding the text of the notes it archives:",
+            "    new note  archives",
+            "    Trips     #1 Lyon trip",
+            "              #2 Paris trip",
+            "    Recipes   #3 Bread recipe",
+            "              #4 Soup recipe",
         ]
         child.expect(re.escape(table[0]) + r"\r\n")
         for line in table[1:]:  # ^: right after the line before
@@ -850,6 +850,7 @@ def test_urls_as_serve_prints_them_or_as_websockets() -> None:
 def test_a_worker_that_did_not_exit_is_reported_as_such() -> None:
     frame = {
         "status": "cancelled",
+        "error": None,
         "reason": "user",
         "elapsed_ms": 10500.0,
         "usage": {"completion_tokens": 7, "requests": 1},
@@ -864,11 +865,12 @@ def test_a_worker_that_did_not_exit_is_reported_as_such() -> None:
             ],
         },
     }
-    line = describe_complete(frame, cancel_ms=10012.0).plain
+    facts = CompleteFacts.from_wire(frame)
+    line = describe_complete(facts, cancel_ms=10012.0).plain
     assert line == (
         "cancelled in 10.0 s · worker still running · 1 request open · 2 processes open · 7 tokens"
     )
-    chart = timeline_chart(frame)
+    chart = timeline_chart(facts)
     assert chart is not None
     assert chart.plain.splitlines()[-1].split() == [
         "worker",
@@ -882,7 +884,7 @@ def test_a_worker_that_did_not_exit_is_reported_as_such() -> None:
         "the",
         "report",
     ]
-    queued = {"status": "cancelled", "lifecycle": {"worker_exited": True, "started": False}}
+    queued = CompleteFacts.unstarted(Reason.USER, elapsed_ms=1.0)
     assert describe_complete(queued).plain.startswith("cancelled while queued · never started")
 
 
@@ -895,9 +897,17 @@ def test_a_cancel_that_came_too_late_is_said_even_when_quiet(verbose: bool) -> N
         RichConsole(file=err, force_terminal=True, no_color=True),
         verbose=verbose,
     )
-    renderer.complete({"status": "ok", "reason": None, "late_cancel": "user"}, 3.0)
+    done = CompleteFacts.ended(
+        Ending.RETURNED,
+        Reason.USER,
+        error=None,
+        elapsed_ms=3.0,
+        usage=NO_USAGE,
+        lifecycle=LifecycleFacts(True, 0, 0, True),
+    )
+    renderer.complete(done, 3.0)
     assert "too late: the command had already finished" in err.getvalue()
-    renderer.complete({"status": "ok", "reason": None, "late_cancel": None}, None)
+    renderer.complete(done.replace(late_cancel=None), None)
     assert err.getvalue().count("too late") == 1
     assert exit_code("ok") == 0  # the exit code follows the status, not the cancel
 

@@ -23,22 +23,16 @@ import pytest
 
 from _console import Console, running_console
 from _loopback import Exchange, LoopbackServer
-from wirecut.console.terminal import from_serve_json
-from wirecut.console.terminal._address import redact
+from _support import run_wirecut
+from wirecut.client import from_serve_json
+from wirecut.client._address import redact
 
 SECRET = "S3cr3t-t0ken-never-shown"
 
 
 def wirecut_console(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "WIRECUT_TOKEN"}
-    return subprocess.run(
-        [sys.executable, "-m", "wirecut", "console", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
+    return run_wirecut("console", *args, timeout=60, env=env, stdin=subprocess.DEVNULL)
 
 
 def lines(text: str) -> list[str]:

@@ -20,7 +20,6 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +27,10 @@ import pytest
 
 from _acker import SlowAcker
 from _console import ConsoleClient, running_console
-from _poll import BOUND
-from wirecut.console.commands import CommandContext, CommandSet, builtin_commands, command
-from wirecut.console.runner import COMMIT_OPEN_ERROR
+from _support import BOUND
+from wirecut.console.commands import Args, CommandContext, CommandSet, builtin_commands, command
 from wirecut.memory import NoteStore
+from wirecut.record import COMMIT_OPEN_ERROR
 
 SEED = random.randrange(1 << 32)
 CUT = {"cancelled", "timeout"}
@@ -104,16 +103,18 @@ def test_memory_add_with_tiny_timeouts_times_out_only_if_nothing_was_written(
 def _plan_responder() -> Any:
     """An umbrella over the first two notes of whatever group the curator offers.
 
-    The curator asks about one group of related notes at a time, listed
-    alone and numbered from 1; the titles are numbered so that no two
-    umbrellas of a plan, or of two plans, share one.
+    The curator asks about one group of related notes at a time, by note
+    id, and offers the group and its parts; the titles are numbered so that
+    no two umbrellas of a plan, or of two plans, share one.
     """
     made = itertools.count(1)
 
     def responder(body: dict[str, Any]) -> dict[str, Any]:
         k = next(made)
-        umbrella = {"title": f"Trips, part {k}", "summary": f"trains and hotels, group {k}"}
-        return {"content": json.dumps({"umbrellas": [{**umbrella, "notes": [1, 2]}]})}
+        schema = body["response_format"]["json_schema"]["schema"]
+        offered = schema["properties"]["umbrellas"]["items"]["properties"]["notes"]["enum"]
+        umbrella = {"title": f"Trips, part {k}", "notes": offered[0][:2]}
+        return {"content": json.dumps({"umbrellas": [umbrella]})}
 
     return responder
 
@@ -187,37 +188,28 @@ def test_a_chat_is_cancelled_only_if_its_reply_was_not_kept(
 def commit_commands(acker: SlowAcker, never: threading.Event) -> CommandSet:
     """``test-commit`` (a COMMIT over loopback), ``test-two-steps``, ``test-hung-commit``."""
 
-    @command("test-commit", usage="test-commit", summary="(tests) one COMMIT, acknowledged")
-    def commit(ctx: CommandContext, args: list[str]) -> None:
+    @command("test-commit", summary="(tests) one COMMIT, acknowledged")
+    def commit(ctx: CommandContext, args: Args) -> None:
         with socket.create_connection(acker.address) as sock:
             with ctx.scope.register_socket(sock), ctx.scope.committing("write"):
                 sock.sendall(b"COMMIT\n")
                 ack = sock.recv(16)
         ctx.write(f"acknowledged: {ack.decode().strip()}\n")
 
-    @command("test-two-steps", usage="test-two-steps", summary="(tests) commits, then blocks")
-    def two_steps(ctx: CommandContext, args: list[str]) -> None:
+    @command("test-two-steps", summary="(tests) commits, then blocks")
+    def two_steps(ctx: CommandContext, args: Args) -> None:
         with ctx.scope.committing("step 1"):
             pass
         ctx.write("step 1 done\n")
         ctx.scope.wait(never)  # step 2, which the cancel cuts
 
-    @command("test-hung-commit", usage="test-hung-commit", summary="(tests) a COMMIT that hangs")
-    def hung(ctx: CommandContext, args: list[str]) -> None:
+    @command("test-hung-commit", summary="(tests) a COMMIT that hangs")
+    def hung(ctx: CommandContext, args: Args) -> None:
         with ctx.scope.committing("write"):
             ctx.write("committing\n")
             never.wait(60)  # a commit the cancel cannot end
 
     return builtin_commands().plus(commit, two_steps, hung)
-
-
-@pytest.fixture
-def acker() -> Iterator[SlowAcker]:
-    server = SlowAcker()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def test_a_cancel_during_a_commit_waits_for_it_and_the_command_is_ok_with_a_late_cancel(

@@ -23,11 +23,12 @@ import pytest
 
 from _console import ConsoleClient, running_console
 from _loopback import Exchange, LoopbackServer
-from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
+from _support import PROCESS_BOUND as BOUND
+from wirecut.console.server import ConsoleConfig, ConsoleServer
+from wirecut.launch import Provider
 from wirecut.provider import ChatClient, ProviderStatusError, Usage
 from wirecut.simulator import SimConfig
 
-BOUND = 20.0
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 

@@ -28,7 +28,8 @@ from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 from _console import Console, gate_command, running_console, wait_health
 from _page import CHROMIUM, CHROMIUM_ARGS, run
 from wirecut.console.commands import builtin_commands
-from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
+from wirecut.console.server import ConsoleConfig, ConsoleServer
+from wirecut.launch import Provider
 from wirecut.memory import NoteState, NoteStore
 from wirecut.simulator import SimConfig
 

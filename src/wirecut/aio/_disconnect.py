@@ -45,8 +45,14 @@ async def cancel_on_disconnect(
     first reason wins); the work bound to the scope sees the cut at once (a
     ``ChatClient`` returns its partial result marked ``interrupted``). A
     client already gone when the block starts cancels the scope at once.
-    Leaving the block stops the watch; it never cancels the scope by
-    itself, so a request that finished keeps an open scope.
+    Leaving the block stops the watch, after a last look at whether the
+    client left meanwhile; it never cancels the scope otherwise, so a
+    request that finished keeps an open scope.
+
+    After the block, ``scope.cancelled`` says whether the client left: check
+    it before answering. Work can return a whole answer that was complete
+    before the cut reached it (its last token came between the disconnect
+    and the cut), and that answer has nobody to go to.
     """
     if scope is None:
         scope = InterruptScope("request")
@@ -65,6 +71,8 @@ async def cancel_on_disconnect(
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise  # Our own task is being cancelled, not just the watch.
+    if not scope.cancelled and await request.is_disconnected():
+        scope.cancel(reason)  # It left after the watch's last read.
 
 
 async def _watch(request: Request, scope: InterruptScope, reason: str) -> None:

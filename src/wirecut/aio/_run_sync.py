@@ -215,6 +215,10 @@ async def _unwind(
         loop = asyncio.get_running_loop()
         deadline = loop.time() + unwind_timeout
         done = asyncio.wrap_future(future)
+        # Whenever it ends: its exception (the cut work's Interrupted) is the
+        # caller's to read in Unwind.future, and this wrapper must not log it
+        # as "never retrieved".
+        done.add_done_callback(_consume)
         while not done.done():
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -223,9 +227,6 @@ async def _unwind(
                 await asyncio.wait({done}, timeout=remaining)
             except asyncio.CancelledError:
                 continue  # Cancelled again: the bound, not the second cancel, ends the wait.
-        if not done.done():
-            # Keep the wrapper from logging "exception was never retrieved".
-            done.add_done_callback(_consume)
     # Read after the wait: a thread that had not reached fn when the scope
     # was cancelled leaves at once with Interrupted, without starting it.
     started = call.started_at is not None

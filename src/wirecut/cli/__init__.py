@@ -20,6 +20,7 @@ _SUBCOMMANDS = {
     "console": "wirecut.cli._console:console",
     "doctor": "wirecut.cli._doctor:doctor",
     "local": "wirecut.cli._local:local",
+    "mcp-probe": "wirecut.cli._mcp_probe:mcp_probe",
     "memory": "wirecut.cli._memory:memory",
     "provider": "wirecut.cli._provider:provider",
     "proxy": "wirecut.cli._proxy:proxy",

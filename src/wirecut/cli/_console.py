@@ -39,7 +39,7 @@ def console(url: str | None, line: str | None, data_dir: Path) -> None:
     without it, the console a local `wirecut serve` announced in the data
     directory. Ctrl+C cancels the running command; Ctrl+D leaves.
     """
-    from wirecut.console.terminal import (
+    from wirecut.client import (
         HISTORY_FILE,
         AddressError,
         from_serve_json,

@@ -15,6 +15,8 @@ import sys
 
 import click
 
+from wirecut.cli._options import provider_options
+
 __all__ = ["doctor"]
 
 
@@ -34,15 +36,11 @@ def _modes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str,
 
 
 @click.command("doctor")
-@click.option(
-    "--provider-url",
-    default=None,
-    metavar="URL",
-    help="The provider's OpenAI-compatible API base (http://host:port/v1). "
+@provider_options(
+    url_help="The provider's OpenAI-compatible API base (http://host:port/v1). "
     "Default: $WIRECUT_PROVIDER_URL, then $OPENAI_BASE_URL.",
+    model_help="The model to ask for. Default: the first listed.",
 )
-@click.option("--model", default=None, help="The model to ask for. Default: the first listed.")
-@click.option("--api-key", default=None, help="The provider's API key. Default: $OPENAI_API_KEY.")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as one JSON object.")
 # For tests: the simulator and fakes need no 1.5 s between polls; a shorter watch.
 @click.option("--min-poll", type=float, default=None, callback=_poll, hidden=True)
@@ -58,12 +56,11 @@ def doctor(
     modes: tuple[str, ...],
 ) -> None:
     """Cut requests (streaming, not, queued, in their prompt); did the provider let go?"""
+    from wirecut.launch import given_provider_url
     from wirecut.proof import CheckMode, DoctorError, run_doctor, url_problem
     from wirecut.proof._doctor import RELEASE_WINDOW
 
-    url = (
-        provider_url or os.environ.get("WIRECUT_PROVIDER_URL") or os.environ.get("OPENAI_BASE_URL")
-    )
+    url, _ = given_provider_url(provider_url, "--provider-url")
     if not url:
         raise click.UsageError(
             "give the provider with --provider-url URL (or set WIRECUT_PROVIDER_URL)"

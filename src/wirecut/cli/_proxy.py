@@ -8,14 +8,22 @@ it started, and exits 0.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import click
 
 from wirecut.cli._data_dir import data_dir_option
-from wirecut.cli._options import check_port, is_loopback, seconds, secret
+from wirecut.cli._options import (
+    allowed_hosts_option,
+    check_port,
+    is_loopback,
+    listen_options,
+    provider_url_option,
+    seconds_option,
+    secret,
+    secret_file_option,
+)
 
 __all__ = ["proxy"]
 
@@ -36,16 +44,8 @@ def _slots(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
 
 
 @click.command("proxy")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option(
-    "--port", default=8766, show_default=True, type=click.IntRange(0, 65535), help="0: any."
-)
-@click.option(
-    "--upstream",
-    default=None,
-    help="The upstream's OpenAI API base (http://host:port/v1). Default: $WIRECUT_PROVIDER_URL, "
-    "then $OPENAI_BASE_URL; with neither, the embedded llama.cpp, else the simulator.",
-)
+@listen_options(8766)
+@provider_url_option("--upstream", "The upstream's OpenAI API base")
 @click.option("--model", default=None, help="The model asked for when a client names none.")
 @click.option(
     "--upstream-slots",
@@ -55,32 +55,21 @@ def _slots(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
     help="Requests in flight upstream at once; the rest wait in the proxy's queue. "
     "auto: llama.cpp's /slots or /props, else unlimited.",
 )
-@click.option(
+@secret_file_option(
     "--token-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help=f"A file holding the client token (Authorization: Bearer). Default: ${TOKEN_ENV}; "
+    f"A file holding the client token (Authorization: Bearer). Default: ${TOKEN_ENV}; "
     "with neither, no token is asked for (loopback only).",
 )
-@click.option(
-    "--api-key-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="A file holding the upstream's API key. Default: $OPENAI_API_KEY.",
+@secret_file_option(
+    "--api-key-file", "A file holding the upstream's API key. Default: $OPENAI_API_KEY."
 )
-@click.option(
+@seconds_option(
     "--request-timeout",
-    default=600.0,
-    show_default=True,
-    type=float,
-    callback=seconds,
-    help="Seconds from a request's arrival to its cut (queue, prompt and decoding).",
+    600.0,
+    "Seconds from a request's arrival to its cut (queue, prompt and decoding).",
 )
-@click.option(
-    "--allowed-host",
-    "allowed_hosts",
-    multiple=True,
-    help="A name besides loopback names and IP addresses that the Host header may carry.",
+@allowed_hosts_option(
+    "A name besides loopback names and IP addresses that the Host header may carry."
 )
 @click.option(
     "--max-body-bytes",
@@ -113,11 +102,11 @@ def proxy(
         )
     check_port("proxy", host, port)
 
-    from wirecut.console.server import ProviderUnavailable, resolve_provider
+    from wirecut.launch import ProviderUnavailable, given_provider_url, resolve_provider
     from wirecut.proxy import AUTO, Proxy, ProxyConfig
     from wirecut.proxy import serve_forever as serve_proxy
 
-    url = upstream or os.environ.get("WIRECUT_PROVIDER_URL") or os.environ.get("OPENAI_BASE_URL")
+    url, _ = given_provider_url(upstream, "--upstream")
     try:
         provider = resolve_provider(url, model, data_dir)
     except ProviderUnavailable as exc:

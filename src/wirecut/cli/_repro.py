@@ -10,6 +10,8 @@ import sys
 
 import click
 
+from wirecut.cli._options import provider_options
+
 __all__ = ["repro"]
 
 
@@ -19,14 +21,10 @@ __all__ = ["repro"]
     is_flag=True,
     help="Also run the command through a naive host (run_in_executor, cancel the waiter).",
 )
-@click.option(
-    "--provider-url",
-    default=None,
-    metavar="URL",
-    help="An OpenAI-compatible API base (http://host:port/v1) instead of the simulator.",
+@provider_options(
+    url_help="An OpenAI-compatible API base (http://host:port/v1) instead of the simulator.",
+    model_help="The model to ask a given provider for.",
 )
-@click.option("--model", default=None, help="The model to ask a given provider for.")
-@click.option("--api-key", default=None, help="The provider's API key. Default: $OPENAI_API_KEY.")
 def repro(baseline: bool, provider_url: str | None, model: str | None, api_key: str | None) -> None:
     """Replay the cancel of `curator run --consolidate --yes` and print its facts."""
     import os

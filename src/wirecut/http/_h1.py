@@ -34,6 +34,7 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -52,6 +53,8 @@ __all__ = ["H1Transport"]
 
 #: Bytes asked of one ``recv``: a burst of tokens that queued up is read at once.
 READ_SIZE = 65536
+#: poll()'s "the peer hung up" (Linux): a pause between reads waits for it only.
+_POLLRDHUP: int | None = getattr(select, "POLLRDHUP", None)
 
 _Origin = tuple[str, str, int]  # scheme, host, port
 
@@ -63,13 +66,30 @@ class _Connection:
     cut reaches the socket from any thread, and only shuts it down.
     """
 
-    __slots__ = ("_read_timeout", "hold", "origin", "sock")
+    __slots__ = ("_hangup", "_read_timeout", "hold", "origin", "sock")
 
     def __init__(self, hold: SocketHold, sock: socket.socket, origin: _Origin) -> None:
         self.hold = hold
         self.sock = sock
         self.origin = origin
         self._read_timeout: float | bool | None = False  # False: not set yet
+        self._hangup: select.poll | None = None
+
+    def pause(self, seconds: float) -> None:
+        """Wait ``seconds``, or less if the socket is shut down or its peer closed.
+
+        Data arriving does not end the wait (it is what the wait is for): the
+        poll asks for a hang-up only, which a cut (``shutdown``) is. Where
+        the system cannot ask that (no ``POLLRDHUP``), the scope's sleep,
+        which a cancel ends, does it.
+        """
+        if _POLLRDHUP is None:
+            _pause(self.hold.scope, seconds)
+            return
+        if self._hangup is None:
+            self._hangup = select.poll()
+            self._hangup.register(self.sock, _POLLRDHUP)
+        self._hangup.poll(seconds * 1000)
 
     def recv(self, timeout: float | None) -> bytes:
         """One read of at most ``READ_SIZE`` bytes; ``TimeoutError`` after ``timeout`` s.
@@ -161,7 +181,12 @@ class H1Transport(httpx.BaseTransport):
     ``connect_timeout`` bounds one TCP connect and one TLS handshake, whatever
     a request's timeout says; ``verify``, ``cert`` and ``trust_env`` are
     httpx's; ``keepalive_expiry`` closes a scope's pool once idle that long.
-    Safe to share between threads and scopes.
+    ``read_interval`` (seconds, 0: none) paces the reads of a body once it
+    flows: at most one read per interval, which takes whatever arrived
+    meanwhile, so a stream of many small chunks (a token each) wakes its
+    reader a few times a second instead of once a chunk. The head and a
+    body's first bytes are read as they come. Safe to share between threads
+    and scopes.
 
     Cancellation: under a cancelled scope a request raises ``Interrupted``
     before a connection is opened or reused. A cut wakes a request blocked in
@@ -179,9 +204,13 @@ class H1Transport(httpx.BaseTransport):
         cert: Any = None,
         trust_env: bool = True,
         keepalive_expiry: float | None = DEFAULT_IDLE_EXPIRY,
+        read_interval: float = 0.0,
     ) -> None:
         check_seconds("connect_timeout", connect_timeout, allow_none=True)
+        if not isinstance(read_interval, int | float) or not 0 <= read_interval <= 1:
+            raise ValueError(f"read_interval must be 0 to 1 seconds, not {read_interval!r}")
         self._connect_timeout = connect_timeout
+        self._read_interval = float(read_interval)
         self._ssl_args = (verify, cert, trust_env)
         self._ssl: ssl.SSLContext | None = None
         self._pools: PerScope[_Pool] = PerScope(_Pool, idle_expiry=keepalive_expiry)
@@ -200,7 +229,9 @@ class H1Transport(httpx.BaseTransport):
         except BaseException:
             self._pools.leave(lease)
             raise
-        body = _Body(connection, parser, lease, self._pools, timeouts.get("read"))
+        body = _Body(
+            connection, parser, lease, self._pools, timeouts.get("read"), self._read_interval
+        )
         return httpx.Response(
             parser.status_code,
             headers=parser.headers,
@@ -403,12 +434,14 @@ class _Body(httpx.SyncByteStream):
         lease: Lease[_Pool],
         pools: PerScope[_Pool],
         read_timeout: float | None,
+        read_interval: float,
     ) -> None:
         self._connection: _Connection | None = connection
         self._parser = parser
         self._lease = lease
         self._pools = pools
         self._read_timeout = read_timeout
+        self._read_interval = read_interval
 
     def __iter__(self) -> Iterator[bytes]:
         connection, parser = self._connection, self._parser
@@ -417,7 +450,13 @@ class _Body(httpx.SyncByteStream):
         data = parser.take_body()
         if data:
             yield data
+        pace = self._read_interval
+        flowing = bool(data)
         while not parser.complete:
+            if pace and flowing:
+                # What arrives meanwhile waits in the socket for the next read;
+                # a cut ends the pause, and the read then sees it.
+                connection.pause(pace)
             received = _recv(connection, self._read_timeout)
             if received:
                 _feed(parser, received)
@@ -425,6 +464,7 @@ class _Body(httpx.SyncByteStream):
                 _feed_eof(parser)
             data = parser.take_body()
             if data:
+                flowing = True
                 yield data
         self._end(reuse=parser.keep_alive)
 
@@ -443,6 +483,13 @@ class _Body(httpx.SyncByteStream):
                 connection.close()
         finally:
             self._pools.leave(self._lease)
+
+
+def _pause(scope: InterruptScope | None, seconds: float) -> None:
+    if scope is None:
+        time.sleep(seconds)
+    else:
+        scope.sleep(seconds)  # Interrupted at once on a cancel
 
 
 def _origin(url: httpx.URL) -> _Origin:

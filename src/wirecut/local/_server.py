@@ -33,8 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
-from typing import IO
+from typing import IO, Self
 
 import wirecut
 from wirecut.local._errors import LocalServerError, LocalUnavailable
@@ -48,6 +47,7 @@ from wirecut.local._model import (
     resolve_model,
 )
 from wirecut.scope import kill_process_group, unwatch_group, watch_group
+from wirecut.serving import BackgroundServer, http_address
 
 __all__ = ["LocalServer", "ServerState", "default_threads", "usable_cpus"]
 
@@ -137,7 +137,7 @@ class ServerState(enum.Enum):
     STOPPED = "stopped"  # stop() ran or start() failed; the child is reaped
 
 
-class LocalServer:
+class LocalServer(BackgroundServer):
     """The real llama.cpp server with a small model, run as a child process.
 
     ::
@@ -206,7 +206,7 @@ class LocalServer:
         #: The model once resolved (at construction when given as a ``LocalModel``).
         self.local_model = model if isinstance(model, LocalModel) else None
         self.host = host
-        self.port = port
+        self._port = port  # what it asks for; ``port`` is where it listens
         self.threads = threads
         self.n_parallel = n_parallel
         self.ctx_size = ctx_size
@@ -237,25 +237,25 @@ class LocalServer:
         return self._state
 
     @property
-    def base_url(self) -> str:
-        """The OpenAI API base, ``http://HOST:PORT/v1``; valid once running."""
+    def address(self) -> tuple[str, int]:
+        """``(host, port)`` it listens on; valid once running (``base_url`` is the API's)."""
         if self._base_url is None:
             raise LocalServerError(
                 f"the local server has no address yet (state: {self._state.value})"
             )
-        return self._base_url
+        return http_address(self._base_url)
 
     @property
     def root_url(self) -> str:
         """``http://HOST:PORT``: where ``/health``, ``/slots`` and ``/metrics`` live."""
-        return self.base_url.removesuffix("/v1")
+        return self.url
 
     @property
     def pid(self) -> int | None:
         """The child's process id (also its process group id), once spawned."""
         return self._proc.pid if self._proc is not None else None
 
-    def start(self) -> LocalServer:
+    def start(self) -> Self:
         """Assemble the model if needed, spawn the child and wait for ``/health``.
 
         Raises ``LocalUnavailable`` without the extra, ``LocalServerError``
@@ -339,19 +339,8 @@ class LocalServer:
         """The last lines the child wrote to stderr (llama.cpp's log)."""
         return "".join(list(self._stderr_tail))
 
-    def __enter__(self) -> LocalServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def __repr__(self) -> str:
-        where = self._base_url or f"{self.host}:{self.port}"
+        where = self._base_url or f"{self.host}:{self._port}"
         return f"<LocalServer {self._state.value} {where} ({self.model})>"
 
     # -- start ---------------------------------------------------------------
@@ -378,7 +367,7 @@ class LocalServer:
             "--host",
             self.host,
             "--port",
-            str(self.port),
+            str(self._port),
             "--threads",
             str(self.threads),
             "--n-parallel",

@@ -3,9 +3,11 @@
 ``NoteStore`` keeps notes in one SQLite file in the data directory (WAL
 mode, a versioned schema). The curator sweeps it (``sweep``: notes unused for
 long become stale, notes stale for long are archived) and consolidates it in
-three steps that can run apart: ``make_plan`` (the model, no store, no
-transaction), ``validate_plan``, and ``apply_plan`` (one short transaction
-that first checks the notes are unchanged since they were read). ``curate``
+three steps that can run apart: ``make_plan`` (the model chooses among
+groups of notes whose titles share a word and titles them, and each
+umbrella holds its notes' own text; no store, no transaction),
+``validate_plan``, and ``apply_plan`` (one short transaction that first
+checks the notes are unchanged since they were read). ``curate``
 is a whole run. A cut or a failure at any point leaves the store as it was.
 
 Imports ``wirecut.scope``, ``wirecut.provider`` and ``wirecut.agent``.
@@ -34,7 +36,6 @@ from wirecut.memory._plan import (
     MERGE_ALL_MIN_NOTES,
     PLAN_MAX_TOKENS,
     PLAN_MAX_UMBRELLAS,
-    UMBRELLA_MAX_NOTES,
     WHITESPACE_RUN_CUT,
     Plan,
     PlanRequest,
@@ -44,8 +45,14 @@ from wirecut.memory._plan import (
     plan_schema,
     validate_plan,
 )
-from wirecut.memory._related import related_groups, subject_words
+from wirecut.memory._related import (
+    UMBRELLA_MAX_NOTES,
+    related_groups,
+    subject_words,
+    title_words,
+)
 from wirecut.memory._store import FILE_NAME, SCHEMA_VERSION, NoteStore
+from wirecut.memory._umbrella_text import summary_problems, title_problems, umbrella_body
 
 __all__ = [
     "ARCHIVE_AFTER",
@@ -88,6 +95,10 @@ __all__ = [
     "plan_table",
     "related_groups",
     "subject_words",
+    "summary_problems",
     "sweep",
+    "title_problems",
+    "title_words",
+    "umbrella_body",
     "validate_plan",
 ]

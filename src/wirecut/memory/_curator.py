@@ -20,7 +20,8 @@ from datetime import timedelta
 import wirecut.scope as ws
 from wirecut.memory._errors import PlanError
 from wirecut.memory._notes import Note, NoteState
-from wirecut.memory._plan import PLAN_MAX_TOKENS, Plan, make_plan, plan_request, validate_plan
+from wirecut.memory._plan import PLAN_MAX_TOKENS, Plan, make_plan, validate_plan
+from wirecut.memory._related import related_groups
 from wirecut.memory._store import NoteStore
 from wirecut.provider import Chat, Usage
 
@@ -217,13 +218,15 @@ TABLE_SUMMARY_CHARS = 44
 def plan_table(notes: Sequence[Note], plan: Plan) -> list[str]:
     """The plan as a short plain-text table for people, one line each.
 
-    A row per umbrella: its title, the first line of its summary and the
-    first note it archives; then a line per further note it archives. Long
-    text is cut with "…" so the table stays narrow.
+    A row per umbrella: its title (and, if the plan has summaries, the first
+    line of its summary) and the first note it archives, named as
+    everywhere by ``#id`` and title; then a line per further note it
+    archives. Long text is cut with "…" so the table stays narrow.
     """
     if not plan.umbrellas:
         return []
     by_id = {note.id: note for note in notes}
+    summaries = any(umbrella.summary is not None for umbrella in plan.umbrellas)
 
     def name(note_id: int) -> str:
         note = by_id.get(note_id)
@@ -232,18 +235,23 @@ def plan_table(notes: Sequence[Note], plan: Plan) -> list[str]:
     rows = [
         (
             _cut(umbrella.title, TABLE_TITLE_CHARS),
-            _cut((umbrella.body.strip().splitlines() or [""])[0], TABLE_SUMMARY_CHARS),
+            _cut((umbrella.summary or "").strip().split("\n")[0], TABLE_SUMMARY_CHARS),
             [name(note_id) for note_id in umbrella.note_ids],
         )
         for umbrella in plan.umbrellas
     ]
     title_w = max(len("new note"), *(len(title) for title, _, _ in rows))
     summary_w = max(len("summary"), *(len(summary) for _, summary, _ in rows))
-    lines = [f"{'new note':<{title_w}}  {'summary':<{summary_w}}  archives"]
+
+    def line(title: str, summary: str, archived: str) -> str:
+        middle = f"{summary:<{summary_w}}  " if summaries else ""
+        return f"{title:<{title_w}}  {middle}{archived}".rstrip()
+
+    lines = [line("new note", "summary", "archives")]
     for title, summary, archived in rows:
         first, *rest = archived or [""]
-        lines.append(f"{title:<{title_w}}  {summary:<{summary_w}}  {first}".rstrip())
-        lines += [f"{'':<{title_w}}  {'':<{summary_w}}  {more}" for more in rest]
+        lines.append(line(title, summary, first))
+        lines += [line("", "", more) for more in rest]
     return lines
 
 
@@ -253,9 +261,10 @@ def describe_run(run: CuratorRun) -> str:
     lines += [f"  {line}" for line in describe_changes(run.notes, run.sweep, None)]
     if run.plan is not None and run.plan.umbrellas:
         count = len(run.plan.umbrellas)
+        summary = any(umbrella.summary is not None for umbrella in run.plan.umbrellas)
         lines.append(
-            f"  create {count} umbrella note{'' if count == 1 else 's'}, "
-            "archiving the notes merged into them:"
+            f"  create {count} umbrella note{'' if count == 1 else 's'} holding "
+            f"{'a summary and ' if summary else ''}the text of the notes it archives:"
         )
         lines += [f"    {line}" for line in plan_table(run.notes, run.plan)]
     return "\n".join(lines)
@@ -272,6 +281,7 @@ def curate(
     client: Chat | None = None,
     consolidate: bool = False,
     dry_run: bool = False,
+    summarize: bool = False,
     confirm: Callable[[str], bool] | None = None,
     now: float | None = None,
     stale_after: timedelta = STALE_AFTER,
@@ -287,10 +297,13 @@ def curate(
 
     Runs in the calling thread, under the scope bound there. Reads the
     notes once; plans the sweep; with ``consolidate`` and at least two
-    active notes left after the sweep, asks the model (``client``) for a
-    plan over the ``max_notes`` most recently used of them (``on_token``
-    gets the reply as it streams, ``on_usage`` what the provider produced,
-    ``on_progress`` a line before the model is asked).
+    active notes left after the sweep, two of whose titles share a word,
+    asks the model (``client``) for a plan over the ``max_notes`` most
+    recently used of them (``make_plan``; with ``summarize`` each umbrella
+    gets a checked summary above its notes' text; ``on_token`` gets the
+    reply as it streams, ``on_usage`` what the provider produced,
+    ``on_progress`` a line before the model is asked and the plan's
+    ``remarks`` after).
     An invalid plan ends the run with nothing written. Otherwise, unless
     ``dry_run``, it asks ``confirm`` (if given) with a description of the
     changes (``describe_run``: the sweep, and the plan as a table), and
@@ -319,20 +332,28 @@ def curate(
             run.skipped = (
                 f"consolidation needs at least two active notes; there are {len(candidates)}"
             )
-        elif not plan_request(candidates).groups:
+        elif not related_groups(candidates):
             # The schema could offer the model no group: do not ask it.
-            run.skipped = "no two active notes share a word: nothing to consolidate"
+            run.skipped = "no two active notes share a word in their titles: nothing to consolidate"
         else:
             if client is None:
                 raise ValueError("consolidate needs a client")
             if on_progress is not None:
                 on_progress(f"asking the model for a plan over {len(candidates)} active notes")
             plan = make_plan(
-                client, candidates, model=model, max_tokens=max_tokens, on_token=on_token
+                client,
+                candidates,
+                summarize=summarize,
+                model=model,
+                max_tokens=max_tokens,
+                on_token=on_token,
             )
             if on_usage is not None:
                 on_usage(plan.usage)
             ws.check()  # a cut conversation is the end of the run, not an invalid plan
+            if on_progress is not None:
+                for remark in plan.remarks:
+                    on_progress(remark)
             run.plan = plan
             run.problems = validate_plan(plan, after_sweep)
             if run.problems:

@@ -58,12 +58,15 @@ class Umbrella:
     """An umbrella note to create over existing notes, which are merged into it.
 
     The merged notes are archived and linked to the umbrella (``umbrella_id``);
-    their text stays in the store.
+    their text stays in the store. ``body`` is what the umbrella note says:
+    its notes' own text (``umbrella_body``), after ``summary`` when one was
+    asked for (None: none was).
     """
 
     title: str
     body: str
     note_ids: tuple[int, ...]
+    summary: str | None = None
 
 
 def check_title(title: object) -> str:

@@ -6,16 +6,19 @@ transaction, so a slow model locks nothing, and the same call can run
 somewhere else (a cluster worker) while the store stays with the host.
 ``validate_plan`` checks a plan against the notes before anything is written.
 
-Nothing a small model says can make a plan destructive (docs/memory.md,
-"What a plan must be"). The request carries ``response_format`` with a JSON
-schema (``plan_schema``) that llama.cpp turns into a grammar: only groups
-of notes that share a word (``related_groups``), at most one umbrella a
-request, bounded title and summary lengths. What a grammar cannot say,
-``validate_plan`` refuses with the reason: a title or summary with no words
-or a placeholder, a summary that repeats its title, two umbrellas with one
-title, an umbrella over every active note, a note in two umbrellas. A reply
-that pads (whitespace, or text after the JSON closed) is cut as soon as that
-shows instead of decoding until ``max_tokens``
+The model chooses among groups and names them; it writes nothing else that
+is kept (docs/memory.md, "What a plan must be"). Each request is about one
+group of notes whose titles share a word (``related_groups``) and carries
+``response_format`` with a JSON schema (``plan_schema``) that llama.cpp
+turns into a grammar: the group, by note id, or no umbrella;
+a short title; a summary only when one was asked for. The umbrella's body
+is its notes' own text (``umbrella_body``). What a grammar cannot say,
+``validate_plan`` refuses with the reason: a title that repeats a word, is
+one member's title or names nothing the notes share; a summary that ends
+mid-sentence or says a number or a name the notes do not; notes whose titles
+share no word; a body that is not the notes' own text; a note in two
+umbrellas. A reply that pads (whitespace, or text after the JSON closed) is
+cut as soon as that shows instead of decoding until ``max_tokens``
 (docs/architecture.md, fact 9); a reply whose JSON closed is read up to
 there, and one cut at ``max_tokens`` before its JSON closed is never a plan.
 """
@@ -25,24 +28,25 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import wirecut.scope as ws
 from wirecut.agent import AIAgent, ConversationStatus
-from wirecut.memory._notes import (
-    Note,
-    NoteState,
-    Umbrella,
-    check_body,
-    check_title,
-)
+from wirecut.memory._notes import Note, NoteState, Umbrella, check_body
 from wirecut.memory._related import (
-    listing_order,
+    UMBRELLA_MAX_NOTES,
     related_groups,
+    shared_title_words,
     subject_words,
+)
+from wirecut.memory._umbrella_text import (
+    normal,
+    shared_title,
+    summary_problems,
+    title_problems,
+    umbrella_body,
 )
 from wirecut.provider import Chat, Usage
 from wirecut.scope import InterruptScope, bind_scope
@@ -54,7 +58,6 @@ __all__ = [
     "PLAN_MAX_UMBRELLAS",
     "PROMPT_BODY_CHARS",
     "SUMMARY_MAX_CHARS",
-    "UMBRELLA_MAX_NOTES",
     "WHITESPACE_RUN_CUT",
     "Plan",
     "PlanRequest",
@@ -67,7 +70,7 @@ __all__ = [
 
 #: ``max_tokens`` of the plan request unless the caller gives one.
 PLAN_MAX_TOKENS = 384
-#: The plan request's ``frequency_penalty``: none, so that a summary may use its notes' words.
+#: The plan request's ``frequency_penalty``: none, so that a title may use its notes' words.
 PLAN_FREQUENCY_PENALTY = 0.0
 #: How much of each note's body the model sees.
 PROMPT_BODY_CHARS = 160
@@ -76,51 +79,23 @@ PROMPT_BODY_CHARS = 160
 TITLE_MIN_CHARS = 3
 PLAN_TITLE_MAX_CHARS = 40
 SUMMARY_MIN_CHARS = 20
-SUMMARY_MAX_CHARS = 120
-#: At most this many umbrellas in one plan.
+SUMMARY_MAX_CHARS = 160
+#: At most this many umbrellas in one plan (and requests for one).
 PLAN_MAX_UMBRELLAS = 5
-#: At most this many notes in one umbrella.
-UMBRELLA_MAX_NOTES = 3
 #: From this many active notes on, an umbrella over all of them is refused.
 MERGE_ALL_MIN_NOTES = 4
 #: A reply with this many whitespace characters in a row is cut: padding.
 WHITESPACE_RUN_CUT = 48
 
 SYSTEM_PROMPT = (
-    "You group a person's notes. If the notes below are about the same subject, put them "
-    "under an umbrella: the numbers of its notes, a short title, and a summary that says "
-    "what the notes say, in one sentence, using their words. If they are not, answer "
-    "with no umbrella. Answer with JSON only."
+    "You file a person's notes. The notes below share a word in their titles. If they "
+    "are about one thing, answer with an umbrella: the numbers of the notes about it and "
+    "a short title, two or three words, that names what all of them are about. If they "
+    "are not about one thing, answer with no umbrella. Answer with JSON only."
 )
-
-#: What a lazy or confused model writes instead of a title or a summary.
-PLACEHOLDERS = frozenset(
-    {
-        "a short title",
-        "example",
-        "fixme",
-        "n a",
-        "na",
-        "none",
-        "note",
-        "notes",
-        "null",
-        "placeholder",
-        "short title",
-        "string",
-        "summary",
-        "summary here",
-        "tba",
-        "tbd",
-        "text",
-        "title",
-        "title here",
-        "todo",
-        "umbrella",
-        "umbrella title",
-        "untitled",
-        "xxx",
-    }
+SUMMARY_PROMPT = (
+    " Also write a summary: one sentence that ends with a full stop and uses only the "
+    "notes' own words, numbers and names."
 )
 
 
@@ -132,8 +107,9 @@ class Plan:
     padded, not JSON, not of the plan's shape, the provider failed);
     ``interrupted`` is True when a cancel cut the conversation. ``text`` is
     the reply as the model gave it and ``usage`` what the provider produced
-    for it (also when it was cut). A plan built by hand only needs
-    ``umbrellas``.
+    for it (also when it was cut). ``remarks`` say, for people, where the
+    plan differs from the reply (a title refused and replaced). A plan
+    built by hand only needs ``umbrellas``.
     """
 
     umbrellas: tuple[Umbrella, ...] = ()
@@ -141,15 +117,16 @@ class Plan:
     interrupted: bool = False
     text: str = ""
     usage: Usage = field(default_factory=Usage)
+    remarks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class PlanRequest:
-    """What the model is asked for a plan: the notes as a numbered list, and the answer's schema.
+    """What the model is asked about one group: its notes, listed, and the answer's schema.
 
-    Note number ``k`` of the list is ``listing[k - 1]``; ``groups`` are the
-    groups of numbers the schema offers (notes that share a word, the best
-    first: ``related_groups``), ``prompt`` the user message.
+    ``listing`` are the notes in id order; ``groups`` are the groups of note
+    ids the schema offers (the whole group, or none), ``prompt`` the user
+    message.
     """
 
     listing: tuple[Note, ...]
@@ -158,38 +135,60 @@ class PlanRequest:
     prompt: str
 
 
-def plan_request(notes: Sequence[Note]) -> PlanRequest:
-    """The request for a plan over ``notes`` (pure; call from anywhere).
+def plan_request(notes: Sequence[Note], *, summarize: bool = False) -> PlanRequest:
+    """The request for an umbrella over ``notes``, one group (pure; call from anywhere).
 
-    The notes are listed so that the best disjoint pairs of related notes
-    come first (``listing_order``), numbered from 1: short numbers, and the
-    first ones a small model picks are the likeliest. Empty ``groups``: no two
-    notes share a word, and there is nothing to ask.
+    The notes are listed by id (``#7 Lyon trip``), the ids the plan names
+    them by and the confirmation shows. The schema offers ``notes`` whole,
+    or no umbrella: offered the group's parts as well, SmolLM2 answered
+    with a part, leaving a note out, for about half of the groups
+    (docs/memory.md). With ``summarize`` it asks for a summary too. Empty
+    ``groups``: the titles share no word, and there is nothing to ask. At
+    most ``UMBRELLA_MAX_NOTES`` notes (``related_groups`` makes groups that
+    size).
     """
-    by_id = related_groups(notes, max_size=UMBRELLA_MAX_NOTES)
-    listing = tuple(listing_order(notes, by_id))
-    number = {note.id: k for k, note in enumerate(listing, start=1)}
-    groups = tuple(tuple(sorted(number[i] for i in group)) for group in by_id)
+    if len(notes) > UMBRELLA_MAX_NOTES:
+        raise ValueError(f"a request is about at most {UMBRELLA_MAX_NOTES} notes, not {len(notes)}")
+    listing = tuple(sorted(notes, key=lambda note: note.id))
+    whole = tuple(note.id for note in listing)
+    groups = (whole,) if len(whole) >= 2 and shared_title_words(listing) else ()
     return PlanRequest(
         listing=listing,
         groups=groups,
-        schema=plan_schema(groups, max_umbrellas=1),
+        schema=plan_schema(groups, max_umbrellas=1, summarize=summarize),
         prompt=_prompt(listing),
     )
 
 
 def plan_schema(
-    groups: Sequence[Sequence[int]], *, max_umbrellas: int = PLAN_MAX_UMBRELLAS
+    groups: Sequence[Sequence[int]],
+    *,
+    max_umbrellas: int = PLAN_MAX_UMBRELLAS,
+    summarize: bool = False,
 ) -> dict[str, Any]:
     """The JSON schema of a plan whose umbrellas may group only ``groups``, tight as a grammar goes.
 
-    Each umbrella's ``notes`` is one of ``groups`` (an enum of sorted lists of
-    list numbers: two or more distinct notes that share a word, never any
-    others); at most ``max_umbrellas`` umbrellas; bounded lengths of title
-    and summary. Ids first: the title and summary are
-    then written about the notes chosen. What a schema cannot say (a note in
-    two umbrellas, a placeholder) ``validate_plan`` checks.
+    Each umbrella's ``notes`` is one of ``groups`` (an enum of sorted lists
+    of note ids, never any others); at most ``max_umbrellas`` umbrellas; a
+    title of bounded length, and with ``summarize`` a summary of bounded
+    length. Ids first: the title is then written about the notes chosen.
+    What a schema cannot say (a note in two umbrellas, a title that repeats
+    a word) ``validate_plan`` checks.
     """
+    properties: dict[str, Any] = {
+        "notes": {"enum": [sorted(group) for group in groups]},
+        "title": {
+            "type": "string",
+            "minLength": TITLE_MIN_CHARS,
+            "maxLength": PLAN_TITLE_MAX_CHARS,
+        },
+    }
+    if summarize:
+        properties["summary"] = {
+            "type": "string",
+            "minLength": SUMMARY_MIN_CHARS,
+            "maxLength": SUMMARY_MAX_CHARS,
+        }
     return {
         "type": "object",
         "properties": {
@@ -198,20 +197,8 @@ def plan_schema(
                 "maxItems": max_umbrellas,
                 "items": {
                     "type": "object",
-                    "properties": {
-                        "notes": {"enum": [sorted(group) for group in groups]},
-                        "title": {
-                            "type": "string",
-                            "minLength": TITLE_MIN_CHARS,
-                            "maxLength": PLAN_TITLE_MAX_CHARS,
-                        },
-                        "summary": {
-                            "type": "string",
-                            "minLength": SUMMARY_MIN_CHARS,
-                            "maxLength": SUMMARY_MAX_CHARS,
-                        },
-                    },
-                    "required": ["notes", "title", "summary"],
+                    "properties": properties,
+                    "required": list(properties),
                     "additionalProperties": False,
                 },
             }
@@ -225,6 +212,7 @@ def make_plan(
     client: Chat,
     notes: Sequence[Note],
     *,
+    summarize: bool = False,
     model: str | None = None,
     max_tokens: int = PLAN_MAX_TOKENS,
     temperature: float | None = 0.0,
@@ -234,30 +222,34 @@ def make_plan(
     """Ask the model for a plan of umbrella notes over ``notes``; return what it answered.
 
     Asks about one group at a time, each in a fresh ``AIAgent``
-    conversation: the best group of notes that share a word among those no
-    umbrella took yet (``related_groups``), listed alone (``plan_request``).
-    The model answers with one umbrella over them (it names and summarises
-    them) or with none (they do not belong together: that group, and any
-    group that holds it, is not offered again). Asked about the whole list,
-    SmolLM2 picked the first group but titled it after some other note, and
-    copied one title onto the next umbrella (docs/memory.md, "The model and
-    the numbers"). Up to ``PLAN_MAX_UMBRELLAS`` requests; it stops early when
-    no group is left, or when a reply is not a single umbrella over notes
-    still free (a provider that ignored the schema: that reply is the rest
-    of the plan, for ``validate_plan`` to judge). Runs in the calling
-    thread, under the scope bound there (the host's); reads and writes no
-    store. ``on_token`` gets the replies as they stream, a newline between
-    two. ``max_tokens`` bounds each reply. Never raises for what the model
-    or the provider did: a reply that is no plan makes a ``Plan`` with a
-    ``defect`` (and no umbrellas), with the usage of every request.
+    conversation: the best group of notes whose titles share a word among
+    those no umbrella took yet (``related_groups``: the largest first),
+    listed alone (``plan_request``). The model answers with one umbrella
+    over the whole group, titled, or with none: then no group that holds two
+    notes of it is offered again. Asked about the whole list,
+    SmolLM2 picked the first group but titled it after some other note
+    (docs/memory.md, "The model and the numbers"). Each umbrella's body is
+    its notes' own text (``umbrella_body``), after a summary when
+    ``summarize`` asks the model for one. A title that ``title_problems``
+    refuses is replaced by what all the notes' titles share
+    (``shared_title``: SmolLM2 gives nearly every group its first note's
+    title), and a remark says so; a summary is never replaced. Up to ``PLAN_MAX_UMBRELLAS``
+    requests; it stops early when no group is left, or when a reply is not
+    a single umbrella over notes still free (a provider that ignored the
+    schema: that reply is the rest of the plan, for ``validate_plan`` to
+    judge). Runs in the calling thread, under the scope bound there (the
+    host's); reads and writes no store. ``on_token`` gets the replies as
+    they stream, a newline between two. ``max_tokens`` bounds each reply.
+    Never raises for what the model or the provider did: a reply that is no
+    plan makes a ``Plan`` with a ``defect`` (and no umbrellas), with the
+    usage of every request.
 
     ``temperature`` defaults to 0: a plan wants no invention, and with the
     tiny local models the default sampling padded whitespace until
     ``max_tokens`` where greedy decoding closed the JSON (None: the
     provider's default). ``frequency_penalty`` (OpenAI's, which llama.cpp
-    honours) defaults to 0: at 0.5 SmolLM2's summaries repeated themselves
-    less but avoided the notes' own words for invented ones
-    (bench/bench_curator.py, docs/memory.md).
+    honours) defaults to 0: at 0.5 SmolLM2 avoided the notes' own words for
+    invented ones (docs/memory.md).
 
     Each reply is watched as it streams: once its JSON closed, the request
     is cut (what follows is not part of the plan), and after
@@ -280,36 +272,68 @@ def make_plan(
         params["frequency_penalty"] = frequency_penalty
     umbrellas: list[Umbrella] = []
     texts: list[str] = []
+    remarks: list[str] = []
     usage = Usage()
     free = list(notes)
     declined: list[frozenset[int]] = []
     for _ in range(PLAN_MAX_UMBRELLAS):
         group = _next_group(free, declined)
         if group is None:
-            break  # no two free notes share a word (or the model declined them)
+            break  # no two free titles share a word (or the model declined them)
         if texts and on_token is not None:
             on_token("\n")
-        request = plan_request([note for note in free if note.id in group])
-        part = _ask(client, request, model, params, on_token)
+        request = plan_request([note for note in free if note.id in group], summarize=summarize)
+        part = _ask(client, request, notes, summarize, model, params, on_token)
         texts.append(part.text)
         usage.add(part.usage)
         if part.defect is not None:
-            return dataclasses.replace(part, text="\n".join(texts), usage=usage)
+            return dataclasses.replace(
+                part, text="\n".join(texts), usage=usage, remarks=tuple(remarks)
+            )
         if not part.umbrellas:
             declined.append(group)  # the model says they do not belong together
             continue
-        umbrellas += part.umbrellas
+        for umbrella in part.umbrellas:
+            umbrella, remark = _retitled(umbrella, notes)
+            umbrellas.append(umbrella)
+            remarks += [remark] if remark else []
         taken = {note_id for umbrella in part.umbrellas for note_id in umbrella.note_ids}
         if len(part.umbrellas) != 1 or not taken <= {note.id for note in free}:
             break
         free = [note for note in free if note.id not in taken]
-    return Plan(umbrellas=tuple(umbrellas), text="\n".join(texts), usage=usage)
+    return Plan(
+        umbrellas=tuple(umbrellas), text="\n".join(texts), usage=usage, remarks=tuple(remarks)
+    )
+
+
+def _retitled(umbrella: Umbrella, notes: Sequence[Note]) -> tuple[Umbrella, str | None]:
+    """``umbrella`` with its title replaced by ``shared_title`` if it is unfit, and a remark."""
+    by_id = {note.id: note for note in notes}
+    if not all(note_id in by_id for note_id in umbrella.note_ids):
+        return umbrella, None  # validate_plan says which note is missing
+    members = [by_id[note_id] for note_id in umbrella.note_ids]
+    others = [note for note in notes if note.id not in umbrella.note_ids]
+    problems = title_problems(umbrella.title, members, others)
+    title = shared_title(members) if problems else None
+    if title is None:
+        return umbrella, None  # fit, or nothing better: validate_plan judges it
+    ids = " ".join(f"#{note_id}" for note_id in umbrella.note_ids)
+    remark = (
+        f"the model's title {umbrella.title!r} for {ids} is refused ({'; '.join(problems)}); "
+        f"titled {title!r}, what all their titles share"
+    )
+    return dataclasses.replace(umbrella, title=title), remark
 
 
 def _next_group(free: Sequence[Note], declined: Sequence[frozenset[int]]) -> frozenset[int] | None:
-    """The best group of ``free`` notes that share a word and hold no group the model declined."""
-    for group in related_groups(free, max_size=UMBRELLA_MAX_NOTES):
-        if not any(no <= set(group) for no in declined):
+    """The best group of ``free`` notes that holds no two notes of a group the model declined.
+
+    The model found that a declined group's notes are not about one thing:
+    neither that group nor another that would bring two of its notes
+    together again (a larger group, or one that swaps a note) is offered.
+    """
+    for group in related_groups(free):
+        if not any(len(no & set(group)) >= 2 for no in declined):
             return frozenset(group)
     return None
 
@@ -317,11 +341,17 @@ def _next_group(free: Sequence[Note], declined: Sequence[frozenset[int]]) -> fro
 def _ask(
     client: Chat,
     request: PlanRequest,
+    notes: Sequence[Note],
+    summarize: bool,
     model: str | None,
     params: dict[str, Any],
     on_token: Callable[[str], None] | None,
 ) -> Plan:
-    """One request of ``make_plan``: the plan (or the defect) of one reply."""
+    """One request of ``make_plan``: the plan (or the defect) of one reply.
+
+    The umbrellas' bodies are made of ``notes`` (all of the plan's notes: a
+    reply that ignored the schema may name others than the group's).
+    """
     response_format = {
         "type": "json_schema",
         "json_schema": {"name": "consolidation_plan", "strict": True, "schema": request.schema},
@@ -329,7 +359,7 @@ def _ask(
     agent = AIAgent(
         client,
         model=model,
-        system_prompt=SYSTEM_PROMPT,
+        system_prompt=SYSTEM_PROMPT + (SUMMARY_PROMPT if summarize else ""),
         max_iterations=1,
         response_format=response_format,
         **params,
@@ -349,7 +379,7 @@ def _ask(
         # says next. Its last token may also have been the last one
         # ``max_tokens`` allowed, and whether the provider's "length" or our
         # cut comes first is a race that says nothing about the plan.
-        plan = parse_plan(watcher.json_text, listing=request.listing)
+        plan = parse_plan(watcher.json_text, notes=notes, summarize=summarize)
         return dataclasses.replace(plan, usage=usage)
     if ours and watcher.cut is _Cut.PADDING and result.status in _READ:
         return Plan(
@@ -379,7 +409,7 @@ def _ask(
             text=text,
             usage=usage,
         )
-    return dataclasses.replace(parse_plan(text, listing=request.listing), usage=usage)
+    return dataclasses.replace(parse_plan(text, notes=notes, summarize=summarize), usage=usage)
 
 
 #: The ends of a conversation after which ``_ReplyWatcher``'s verdict is read.
@@ -454,14 +484,18 @@ class _ReplyWatcher:
         self._scope.cancel(f"plan reply {why.value}")
 
 
-def parse_plan(text: str, *, listing: Sequence[Note] = ()) -> Plan:
+def parse_plan(text: str, *, notes: Sequence[Note] = (), summarize: bool = False) -> Plan:
     """Read a plan from the model's JSON text; a ``Plan`` with a ``defect`` if it is not one.
 
-    An umbrella names its notes by id (``"note_ids"``) or, as the schema of
-    ``plan_request`` asks, by their numbers in ``listing`` (``"notes"``: 1 is
-    ``listing[0]``); either way the plan holds ids. Checks the shape only
-    (``validate_plan`` checks the content); keys the schema does not know are
-    ignored. JSON nested too deeply to read is a defect like any other.
+    An umbrella names its notes by id, as ``"notes"`` (what the schema of
+    ``plan_request`` asks) or ``"note_ids"``. Its body is made of ``notes``
+    (``umbrella_body``: the notes' own text, in the order named; a note not
+    among ``notes`` is left out, and ``validate_plan`` says it is missing).
+    With ``summarize`` each umbrella must carry a ``"summary"``, which leads
+    its body; without, a summary the model wrote anyway is not read. Checks
+    the shape only (``validate_plan`` checks the content); keys the schema
+    does not know are ignored. JSON nested too deeply to read is a defect
+    like any other.
     """
 
     def defect(why: str) -> Plan:
@@ -475,26 +509,32 @@ def parse_plan(text: str, *, listing: Sequence[Note] = ()) -> Plan:
         return defect("its JSON is nested too deeply")
     if not isinstance(data, dict) or not isinstance(data.get("umbrellas"), list):
         return defect('it must be an object with an array "umbrellas"')
+    by_id = {note.id: note for note in notes}
     umbrellas = []
     for i, item in enumerate(data["umbrellas"], start=1):
         if not isinstance(item, dict):
             return defect(f"umbrella {i} is not an object")
-        title, summary = item.get("title"), item.get("summary", "")
-        key = "notes" if "notes" in item and listing else "note_ids"
+        title = item.get("title")
+        key = "notes" if "notes" in item else "note_ids"
         ids = item.get(key)
         if not isinstance(title, str):
             return defect(f'umbrella {i}: "title" must be a string')
-        if not isinstance(summary, str):
+        summary = item.get("summary") if summarize else None
+        if summarize and not isinstance(summary, str):
             return defect(f'umbrella {i}: "summary" must be a string')
         if not isinstance(ids, list) or not all(
             isinstance(n, int) and not isinstance(n, bool) for n in ids
         ):
             return defect(f'umbrella {i}: "{key}" must be an array of integers')
-        if key == "notes":
-            if not all(1 <= n <= len(listing) for n in ids):
-                return defect(f"umbrella {i}: the notes are numbered 1 to {len(listing)}")
-            ids = [listing[n - 1].id for n in ids]
-        umbrellas.append(Umbrella(title=title, body=summary, note_ids=tuple(ids)))
+        members = [by_id[n] for n in ids if n in by_id]
+        umbrellas.append(
+            Umbrella(
+                title=title,
+                body=umbrella_body(members, summary),
+                note_ids=tuple(ids),
+                summary=summary,
+            )
+        )
     return Plan(umbrellas=tuple(umbrellas), text=text)
 
 
@@ -502,13 +542,21 @@ def validate_plan(plan: Plan, notes: Sequence[Note]) -> list[str]:
     """Every reason why ``plan`` cannot be applied to ``notes``; empty if it can.
 
     ``notes`` are the notes as read (all of them, any state). A plan is
-    valid when it has no ``defect``; every umbrella has a fit title and
-    summary (words, not a placeholder, a summary that says more than its
-    title, a title no other umbrella has) and merges at least two distinct
-    notes that share a word (``subject_words``), not every active one of
-    ``MERGE_ALL_MIN_NOTES`` or more; every note it names exists and is
-    active; and no note is in two umbrellas. A plan with
-    no umbrellas is valid: it changes nothing. Pure; call from anywhere.
+    valid when it has no ``defect`` and every umbrella
+
+    - merges two to ``UMBRELLA_MAX_NOTES`` distinct notes that exist and are
+      active, in no other umbrella, and not every active one of
+      ``MERGE_ALL_MIN_NOTES`` or more;
+    - is about one thing: its notes share a content word, and one is in all
+      their titles (else it joins two topics);
+    - has a fit title (``title_problems``, the other notes as ``others``)
+      that no other umbrella has;
+    - has for body its notes' own text (``umbrella_body``), after its
+      summary if it has one, and that summary is fit (``summary_problems``:
+      it ends a sentence and says no number or name its notes do not).
+
+    A plan with no umbrellas is valid: it changes nothing. Pure; call from
+    anywhere.
     """
     if plan.defect is not None:
         return [plan.defect]
@@ -518,21 +566,35 @@ def validate_plan(plan: Plan, notes: Sequence[Note]) -> list[str]:
     problems: list[str] = []
     titles: dict[str, int] = {}
     for i, umbrella in enumerate(plan.umbrellas, start=1):
-        problems += _text_problems(i, umbrella)
-        # A small model copies its first umbrella's text onto the next one.
-        first = titles.setdefault(_normal(umbrella.title), i)
+        ids = set(umbrella.note_ids)
+        members = [by_id[n] for n in umbrella.note_ids if n in by_id]
+        whole = len(members) == len(umbrella.note_ids)
+        others = [note for note in notes if note.id not in ids]
+        fit = title_problems(umbrella.title, members if whole else [], others if whole else [])
+        problems += [f"umbrella {i}: {why}" for why in fit]
+        # A small model copies its first umbrella's title onto the next one.
+        first = titles.setdefault(normal(umbrella.title), i)
         if first != i:
             problems.append(f"umbrella {i} has the title of umbrella {first}")
-        if len(set(umbrella.note_ids)) < 2:
+        grouped = len(problems)
+        if len(ids) < 2:
             problems.append(f"umbrella {i} merges fewer than two notes")
-        elif len(active) >= MERGE_ALL_MIN_NOTES and active <= set(umbrella.note_ids):
+        elif len(ids) > UMBRELLA_MAX_NOTES:
+            problems.append(
+                f"umbrella {i} merges {len(ids)} notes; an umbrella holds at most "
+                f"{UMBRELLA_MAX_NOTES}"
+            )
+        elif len(active) >= MERGE_ALL_MIN_NOTES and active <= ids:
             problems.append(
                 f"umbrella {i} merges every active note ({len(active)}): that groups nothing"
             )
-        elif all(note_id in by_id for note_id in umbrella.note_ids) and not frozenset.intersection(
-            *(subject_words(by_id[note_id]) for note_id in umbrella.note_ids)
-        ):
+        elif whole and not frozenset.intersection(*(subject_words(note) for note in members)):
             problems.append(f"umbrella {i}: its notes share no word")
+        elif whole and not shared_title_words(members):
+            problems.append(f"umbrella {i} joins two topics: no word is in all its notes' titles")
+        sound = len(problems) == grouped and ids <= active and len(ids) == len(umbrella.note_ids)
+        if sound:  # a group refused as such is not also refused for its text
+            problems += _body_problems(i, umbrella, members)
         seen: set[int] = set()
         for note_id in umbrella.note_ids:
             if note_id in seen:
@@ -551,42 +613,34 @@ def validate_plan(plan: Plan, notes: Sequence[Note]) -> list[str]:
     return problems
 
 
-def _text_problems(i: int, umbrella: Umbrella) -> list[str]:
-    """Why the title or the summary of umbrella ``i`` is unfit; empty if both are fit."""
+def _body_problems(i: int, umbrella: Umbrella, members: Sequence[Note]) -> list[str]:
+    """Why umbrella ``i``'s body (and summary) cannot be written over ``members``."""
     problems = []
-    for what, text, check in (
-        ("title", umbrella.title, check_title),
-        ("summary", umbrella.body, check_body),
-    ):
+    if umbrella.summary is not None:
+        problems += [
+            f"umbrella {i}: {why}"
+            for why in summary_problems(umbrella.summary, umbrella.title, members)
+        ]
+    if umbrella.body != umbrella_body(members, umbrella.summary):
+        what = "its summary, then " if umbrella.summary is not None else ""
+        problems.append(f"umbrella {i}: its body is not {what}its notes' own text")
+    else:
         try:
-            check(text)
+            check_body(umbrella.body)
         except ValueError as exc:
-            problems.append(f"umbrella {i}: the {what} {exc}")
-            continue
-        if not any(char.isalnum() for char in text):
-            shown = f" ({text.strip()!r})" if text.strip() else ""
-            problems.append(f"umbrella {i}: the {what} has no words{shown}")
-        elif {_normal(text), _normal(text).replace(" ", "")} & PLACEHOLDERS:
-            problems.append(f"umbrella {i}: the {what} is a placeholder ({text.strip()!r})")
-    if not problems and _normal(umbrella.body) == _normal(umbrella.title):
-        problems.append(f"umbrella {i}: the summary only repeats the title")
+            problems.append(f"umbrella {i}: its body {exc}")
     return problems
 
 
-def _normal(text: str) -> str:
-    """``text`` in lower case, its punctuation dropped and its spaces collapsed."""
-    return " ".join(re.sub(r"[^\w\s]|_", " ", text.casefold()).split())
-
-
 def _prompt(listing: Sequence[Note]) -> str:
-    """The notes as a compact numbered list, numbered from 1 in ``listing``'s order.
+    """The notes as a compact list, each by its id, in ``listing``'s order.
 
     The body goes on its own indented line: on one line with the title, the
     model copied "title: body" into its umbrella titles.
     """
     lines = []
-    for number, note in enumerate(listing, start=1):
+    for note in listing:
         body = " ".join(note.body.split())[:PROMPT_BODY_CHARS]
         title = " ".join(note.title.split())
-        lines.append(f"{number}. {title}\n   {body}" if body else f"{number}. {title}")
+        lines.append(f"#{note.id} {title}\n   {body}" if body else f"#{note.id} {title}")
     return "Notes:\n" + "\n".join(lines) + "\nAnswer:"

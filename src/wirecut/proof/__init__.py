@@ -9,26 +9,32 @@ docs/proof-tools.md (and the protocol): scripts read them.
 - ``run_doctor``: which provider this is, and whether a cut frees its slot
   (``_doctor``, ``_watchers``);
 - ``run_bench``: cancel latencies and leftovers of wirecut and three
-  baselines (``_bench``, ``_chart``), on the simulator.
+  baselines (``_bench``, ``_chart``), on the simulator;
+- ``SimProcess`` and ``ConsoleProcess``: the simulator and a console in
+  processes of their own, as the bench measures them.
 
 The baselines (``_naive``) use plain ``httpx`` and the official ``openai``
 SDK, never wirecut's scoped clients. This package sits just below the CLI:
 it imports the console, the simulator, the provider client and the store.
 """
 
+from wirecut.proof._console_process import ConsoleProcess
 from wirecut.proof._doctor import Check, CheckMode, DoctorError, DoctorReport, run_doctor
 from wirecut.proof._repro import ReproFacts, ReproReport, run_repro
+from wirecut.proof._sim_process import SimProcess
 from wirecut.proof._urls import url_problem
 from wirecut.proof._watchers import ProviderKind
 
 __all__ = [
     "Check",
     "CheckMode",
+    "ConsoleProcess",
     "DoctorError",
     "DoctorReport",
     "ProviderKind",
     "ReproFacts",
     "ReproReport",
+    "SimProcess",
     "run_doctor",
     "run_repro",
     "url_problem",

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from wirecut import __version__
-from wirecut.proof._console_client import ConsoleClient
+from wirecut.client import ConsoleClient
 from wirecut.proof._console_process import (
     MAX_TOKENS,
     NON_STREAM_COMMAND,

@@ -20,10 +20,10 @@ import queue
 import subprocess
 import threading
 from collections.abc import Callable
-from types import TracebackType
-from typing import IO, Self
+from typing import IO
 
 from wirecut.scope import unwatch_group, watch_group
+from wirecut.serving import BackgroundServer
 
 __all__ = ["STOP_TIMEOUT", "Child", "ChildService"]
 
@@ -143,7 +143,7 @@ class Child:
                     stream.close()
 
 
-class ChildService:
+class ChildService(BackgroundServer):
     """A service run by a ``Child``; a context manager (``start()``, then ``stop()``)."""
 
     def __init__(self, child: Child) -> None:
@@ -154,22 +154,8 @@ class ChildService:
         """The child's process id while it runs."""
         return self._child.pid
 
-    def start(self) -> Self:
-        raise NotImplementedError
-
     def stop(self) -> None:
         self._child.stop()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def _drain(stream: IO[str], put: Callable[[str], None]) -> threading.Thread:

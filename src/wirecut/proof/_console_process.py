@@ -53,18 +53,16 @@ def bench_commands() -> CommandSet:
     one does, through the console's own (scoped) ``ChatClient``, so the
     non-stream scenario runs through the real console like the others.
     """
-    from wirecut.console.commands import CommandContext, UsageError, builtin_commands, command
+    from wirecut.console.commands import Args, Argument, CommandContext, builtin_commands, command
 
     @command(
         NON_STREAM_COMMAND,
-        usage=f"{NON_STREAM_COMMAND} TEXT",
+        Argument("TEXT", rest=True),
         summary="one real non-streaming chat request (wirecut bench)",
     )
-    def bench_nonstream(ctx: CommandContext, args: list[str]) -> None:
-        if not args:
-            raise UsageError(f"usage: {NON_STREAM_COMMAND} TEXT")
+    def bench_nonstream(ctx: CommandContext, args: Args) -> None:
         result = ctx.services.chat_client().chat(
-            [{"role": "user", "content": " ".join(args)}],
+            [{"role": "user", "content": args["text"]}],
             stream=False,
             wire_stream=False,
             model=ctx.services.model,
@@ -80,7 +78,8 @@ def bench_commands() -> CommandSet:
 @contextlib.contextmanager
 def serve_console(provider_url: str, data_dir: Path, workers: int) -> Iterator[str]:
     """A console server in this process over ``provider_url``; its WebSocket URL."""
-    from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
+    from wirecut.console import ConsoleConfig, ConsoleServer
+    from wirecut.launch import Provider
 
     config = ConsoleConfig(
         port=0, data_dir=data_dir, workers=workers, command_timeout=300, max_tokens=MAX_TOKENS

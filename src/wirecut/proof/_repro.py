@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from wirecut.proof._console_client import ConsoleClient
+from wirecut.client import ConsoleClient
 from wirecut.proof._naive import ExecutorHost, plain_job
 from wirecut.proof._seed import seed_notes
 from wirecut.proof._sim_process import SimProcess
@@ -284,7 +284,8 @@ def _naive_run(
 def _console(
     base_url: str, model: str | None, api_key: str | None, data_dir: Path
 ) -> Iterator[str]:
-    from wirecut.console.server import ConsoleConfig, ConsoleServer, Provider
+    from wirecut.console import ConsoleConfig, ConsoleServer
+    from wirecut.launch import Provider
 
     config = ConsoleConfig(port=0, data_dir=data_dir, model=model, api_key=api_key)
     provider = Provider(base_url, model, f"{base_url} (repro)")

@@ -27,6 +27,7 @@ from collections.abc import Callable
 import httpx
 
 from wirecut.proof._child import Child, ChildService
+from wirecut.serving import http_address
 from wirecut.simulator import SimConfig, SimEvent
 
 __all__ = ["POLL", "SimProcess"]
@@ -66,6 +67,8 @@ class SimProcess(ChildService):
             argv += ["--prompt-batch", str(cfg.prompt_batch)]
         if cfg.endless:
             argv.append("--endless")
+        if cfg.multibyte_every:
+            argv += ["--multibyte-every", str(cfg.multibyte_every)]
         return argv
 
     def start(self, timeout: float = START_TIMEOUT) -> SimProcess:
@@ -78,15 +81,15 @@ class SimProcess(ChildService):
         return self
 
     @property
-    def base_url(self) -> str:
-        """``http://127.0.0.1:PORT/v1``: what an OpenAI client takes."""
+    def address(self) -> tuple[str, int]:
+        """Where it listens (``base_url``: ``http://127.0.0.1:PORT/v1``, what a client takes)."""
         if self._url is None:
             raise RuntimeError("the simulator process is not running (call start())")
-        return self._url
+        return http_address(self._url)
 
     def events(self, since: int = 0) -> list[SimEvent]:
         """The event log from ``seq`` ``since`` on, oldest first."""
-        root = self.base_url.removesuffix("/v1")
+        root = self.url
         assert self._http is not None  # made with the URL
         response = self._http.get(f"{root}/sim/events", params={"since": since})
         response.raise_for_status()
@@ -94,7 +97,7 @@ class SimProcess(ChildService):
 
     def slots(self) -> list[dict[str, object]]:
         """Each slot, as the simulator's ``GET /slots`` says (``SimulatorServer.slots()``)."""
-        root = self.base_url.removesuffix("/v1")
+        root = self.url
         assert self._http is not None  # made with the URL
         response = self._http.get(f"{root}/slots")
         response.raise_for_status()

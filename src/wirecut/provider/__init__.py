@@ -25,7 +25,7 @@ from wirecut.provider._identify import (
 from wirecut.provider._limits import ResponseLimits
 from wirecut.provider._result import ChatResult, ToolCall, Usage
 from wirecut.provider._spec import DEFAULT_MAX_TOKENS, Chat, ProviderSpec
-from wirecut.provider._sse import ServerSentEvent, iter_lines, iter_sse
+from wirecut.provider._sse import ServerSentEvent, SseDecoder, iter_lines, iter_sse
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -43,6 +43,7 @@ __all__ = [
     "ProviderTimeout",
     "ResponseLimits",
     "ServerSentEvent",
+    "SseDecoder",
     "ToolCall",
     "Usage",
     "base_url_problem",

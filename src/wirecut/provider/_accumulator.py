@@ -28,7 +28,13 @@ class _PartialCall:
 
 
 class ChatAccumulator:
-    """Accumulate chunks into a result; ``on_token`` gets each content delta.
+    """Accumulate chunks into a result; ``on_token`` gets the content as it comes.
+
+    With ``join_tokens``, content deltas are handed to ``on_token`` at
+    ``send_tokens()``, joined: a reader calls it once per read, so that a read
+    that brought several tokens makes one call (one output write, one
+    frame), not one each. Without, each delta goes to ``on_token`` as it is
+    merged.
 
     Tool-call deltas are merged by their ``index``: ``id`` and ``name`` are
     taken from the first delta that carries them (servers send them whole,
@@ -37,11 +43,17 @@ class ChatAccumulator:
     """
 
     def __init__(
-        self, on_token: Callable[[str], None] | None = None, *, max_reply_chars: int | None = None
+        self,
+        on_token: Callable[[str], None] | None = None,
+        *,
+        max_reply_chars: int | None = None,
+        join_tokens: bool = False,
     ) -> None:
         self._on_token = on_token
+        self._join_tokens = join_tokens
         self._max_reply_chars = max_reply_chars
         self._text: list[str] = []
+        self._unsent: list[str] = []  # content not yet given to on_token
         self._calls: dict[int, _PartialCall] = {}
         self._chars = 0  # of text and tool-call arguments kept
         self._deltas = 0  # streamed deltas that carried something the model produced
@@ -122,7 +134,18 @@ class ChatAccumulator:
         self._keep(len(content))
         self._text.append(content)
         if self._on_token is not None:
-            self._on_token(content)
+            if self._join_tokens:
+                self._unsent.append(content)
+            else:
+                self._on_token(content)
+
+    def send_tokens(self) -> None:
+        """Give ``on_token`` the content that came since the last call, joined (if any)."""
+        if self._unsent:
+            text = self._unsent[0] if len(self._unsent) == 1 else "".join(self._unsent)
+            self._unsent.clear()
+            assert self._on_token is not None
+            self._on_token(text)
 
     def _keep(self, chars: int) -> None:
         self._chars += chars

@@ -134,7 +134,9 @@ def identify_provider(
             ("/api/version", ProviderKind.OLLAMA),
             ("/version", ProviderKind.VLLM),
         ):
-            if kind is not None or time.monotonic() >= deadline:
+            # The simulator says it is one in owned_by; its llama.cpp-like /props must
+            # not make it "llama.cpp".
+            if kind is not None or "wirecut" in owners or time.monotonic() >= deadline:
                 break
             answer = _get(http, root + path, deadline)
             if not isinstance(answer, _Failure) and answer[0] == 200:

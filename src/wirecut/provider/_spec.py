@@ -41,7 +41,8 @@ class ProviderSpec:
     """An OpenAI-compatible provider: ``base_url`` (``http://host:port/v1``) and how to ask it.
 
     ``label`` says which provider it is, for people (``help``, the banner,
-    errors); ``max_tokens`` bounds one chat reply.
+    errors); ``max_tokens`` bounds one chat reply; ``read_interval`` paces the
+    reads of a streamed reply (``ChatClient``).
     """
 
     base_url: str
@@ -49,7 +50,13 @@ class ProviderSpec:
     model: str | None = None
     label: str = ""
     max_tokens: int = DEFAULT_MAX_TOKENS
+    read_interval: float = 0.0
 
     def client(self) -> ChatClient:
         """A new ``ChatClient`` for this provider (its requests obey the bound scope)."""
-        return ChatClient(self.base_url, api_key=self.api_key, model=self.model)
+        return ChatClient(
+            self.base_url,
+            api_key=self.api_key,
+            model=self.model,
+            read_interval=self.read_interval,
+        )

@@ -11,6 +11,10 @@ for it: a server that sends a line without end fails with
 ``ProviderResponseError`` once the line passes the bound, instead of
 growing the reader until the machine runs out of memory. Pure functions of
 their input; call them from any thread.
+
+``SseDecoder`` is the same rules fed a read at a time, for the hot path: a
+streamed reply is a token an event, and the decoder splits a whole read with
+``bytes.split`` where the generators step through it a line at a time.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 
 from wirecut.provider._errors import ProviderResponseError
 
-__all__ = ["ServerSentEvent", "iter_lines", "iter_sse"]
+__all__ = ["ServerSentEvent", "SseDecoder", "iter_lines", "iter_sse"]
 
 _LINE_END = re.compile(rb"[\r\n]")
 _CR = 0x0D
@@ -114,3 +118,100 @@ def iter_sse(
             last_id = value
     if data:
         yield ServerSentEvent("\n".join(data), event or "message", last_id)
+
+
+class SseDecoder:
+    """Server-sent events from a byte stream given a read at a time (``feed``, then ``end``).
+
+    The rules and the bounds of ``iter_sse(iter_lines(...))``, which it
+    equals for any split of the bytes. Used by one thread at a time.
+    """
+
+    __slots__ = (
+        "_data",
+        "_event",
+        "_id",
+        "_max_data_chars",
+        "_max_line_bytes",
+        "_pending",
+        "_size",
+        "_skip_lf",
+    )
+
+    def __init__(
+        self, *, max_line_bytes: int | None = None, max_data_chars: int | None = None
+    ) -> None:
+        self._max_line_bytes = max_line_bytes
+        self._max_data_chars = max_data_chars
+        self._pending = b""  # the start of a line whose end has not come
+        self._skip_lf = False  # the last read ended with CR: an LF first is its CRLF
+        self._data: list[str] = []
+        self._size = 0
+        self._event = ""
+        self._id: str | None = None
+
+    def feed(self, chunk: bytes) -> list[ServerSentEvent]:
+        """The events that ``chunk`` completed (a list: usually empty or one)."""
+        if not chunk:
+            return []
+        if self._skip_lf:
+            self._skip_lf = False
+            if chunk[0] == _LF:
+                chunk = chunk[1:]
+        data = self._pending + chunk if self._pending else chunk
+        if b"\r" in data:
+            self._skip_lf = data[-1] == _CR
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = data.split(b"\n")
+        self._pending = lines.pop()
+        limit = self._max_line_bytes
+        if limit is not None:
+            if len(self._pending) > limit or any(len(line) > limit for line in lines):
+                raise ProviderResponseError(
+                    f"an event-stream line is longer than {limit} bytes (ResponseLimits.line_bytes)"
+                )
+        events: list[ServerSentEvent] = []
+        for raw in lines:
+            self._line(raw.decode("utf-8", "replace"), events)
+        return events
+
+    def end(self) -> list[ServerSentEvent]:
+        """The events left when the stream ended (a last line without its end, an open event)."""
+        events: list[ServerSentEvent] = []
+        if self._pending:
+            pending, self._pending = self._pending, b""
+            self._line(pending.decode("utf-8", "replace"), events)
+        if self._data:
+            events.append(self._dispatch())
+        return events
+
+    def _line(self, line: str, events: list[ServerSentEvent]) -> None:
+        if not line:
+            if self._data:
+                events.append(self._dispatch())
+            else:
+                self._event = ""
+            return
+        if line[0] == ":":
+            return  # A comment (servers send them as keep-alives).
+        name, colon, value = line.partition(":")
+        if colon and value[:1] == " ":
+            value = value[1:]
+        if name == "data":
+            self._size += len(value) + 1
+            if self._max_data_chars is not None and self._size > self._max_data_chars:
+                raise ProviderResponseError(
+                    f"an event's data is longer than {self._max_data_chars} characters"
+                    " (ResponseLimits.line_bytes)"
+                )
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id":
+            self._id = value
+
+    def _dispatch(self) -> ServerSentEvent:
+        data = self._data[0] if len(self._data) == 1 else "\n".join(self._data)
+        event = ServerSentEvent(data, self._event or "message", self._id)
+        self._data, self._size, self._event = [], 0, ""
+        return event

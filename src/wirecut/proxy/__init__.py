@@ -22,7 +22,7 @@ from wirecut.proxy._app import create_app
 from wirecut.proxy._config import AUTO, ProxyConfig
 from wirecut.proxy._exchange import ExchangeState
 from wirecut.proxy._proxy import Proxy
-from wirecut.proxy._record import RECORD_FILE, ProxyRecord, RecordReason, RecordStatus
+from wirecut.proxy._record import RECORD_FILE, ProxyRecord, RecordReason
 from wirecut.proxy._server import ProxyServer, serve_forever
 from wirecut.proxy._upstream import UpstreamInfo, UpstreamKind
 
@@ -35,7 +35,6 @@ __all__ = [
     "ProxyRecord",
     "ProxyServer",
     "RecordReason",
-    "RecordStatus",
     "UpstreamInfo",
     "UpstreamKind",
     "create_app",

@@ -1,7 +1,7 @@
 """``ProxyRecord``: what the proxy writes, one JSON line per finished request.
 
 The shape is fixed by docs/protocol.md ("The proxy"): the same facts as the
-console's ``complete``, made of the same parts (``wirecut._record``: the
+console's ``complete``, made of the same parts (``wirecut.record``: the
 status, the usage, the unwind timeline), for one proxied request; only the
 reasons are the proxy's own. Built once per request, on the event loop, by
 ``ProxyRecord.build``; ``RecordLog`` (``_record_log``) writes it to
@@ -14,15 +14,17 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from wirecut._record import (
+from wirecut.provider import Usage
+from wirecut.record import (
     WORKER_EXITED,
+    Ending,
     Status,
     TimelineStep,
     UsageFacts,
+    decide,
     unwind_timeline,
     usage_facts,
 )
-from wirecut.provider import Usage
 from wirecut.scope import InterruptScope, TimelineEvent
 
 __all__ = [
@@ -30,20 +32,20 @@ __all__ = [
     "WORKER_EXITED",
     "ProxyRecord",
     "RecordReason",
-    "RecordStatus",
 ]
 
 #: The file under the data directory that holds the records.
 RECORD_FILE = "proxy.jsonl"
 
-#: How a request ended: the console's ``Status`` (``cancelled`` and ``timeout``
-#: mean the answer did not arrive whole; ``error``: the upstream refused it,
-#: could not be reached, or broke off).
-RecordStatus = Status
-
 
 class RecordReason(enum.StrEnum):
-    """Who ended a request that did not finish by itself."""
+    """Who ended a request that did not finish by itself.
+
+    The proxy's own reasons, under the console's rule (``wirecut.record.decide``):
+    a request's ``status`` is one of ``Status`` (``cancelled`` and ``timeout``
+    mean the answer did not arrive whole; ``error``: the upstream refused it,
+    could not be reached, or broke off).
+    """
 
     DISCONNECT = "disconnect"  # the client closed its connection
     CANCEL = "cancel"  # POST /v1/requests/{id}/cancel
@@ -104,12 +106,8 @@ class ProxyRecord:
         own failure (``error``). ``worker_exited_at`` (``time.monotonic()``) adds the
         ``worker_exited`` step to a cut request's timeline.
         """
-        if complete:
-            status, reason = Status.OK, None
-        elif reason is None:
-            status = Status.ERROR  # The proxy's own failure: nobody ended it.
-        else:
-            status = reason.status
+        # A cancel that came after the whole answer is no news in the record.
+        status, reason, _late = decide(Ending.RETURNED if complete else Ending.CUT, reason)
         steps: tuple[TimelineStep, ...] = ()
         close_ms = None
         if not complete:

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from types import TracebackType
+from typing import Self
 
 import uvicorn
 
-from wirecut._uvicorn import Server, ServerThread, http_base
 from wirecut.proxy._app import create_app
 from wirecut.proxy._config import ProxyConfig
 from wirecut.proxy._proxy import Proxy
+from wirecut.serving import BackgroundServer, Server, ServerThread, http_base
 
 __all__ = ["ProxyServer", "serve_forever"]
 
@@ -43,7 +43,7 @@ def _uvicorn_config(proxy: Proxy) -> uvicorn.Config:
     )
 
 
-class ProxyServer:
+class ProxyServer(BackgroundServer):
     """A proxy served by uvicorn on a background thread, for tests and benchmarks.
 
     ::
@@ -65,7 +65,7 @@ class ProxyServer:
             _uvicorn_config(self.proxy), what="proxy", before_shutdown=self.proxy.shutdown
         )
 
-    def start(self, timeout: float = 10.0) -> ProxyServer:
+    def start(self, timeout: float = 10.0) -> Self:
         """Ask the upstream what it is, then listen (see ``ServerThread.start``)."""
         self._thread.start(timeout)
         return self
@@ -76,20 +76,9 @@ class ProxyServer:
         finally:
             self.proxy.close()
 
-    def __enter__(self) -> ProxyServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     @property
-    def port(self) -> int:
-        return self._thread.address[1]
+    def address(self) -> tuple[str, int]:
+        return self._thread.address
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -97,16 +86,6 @@ class ProxyServer:
         if self.proxy.loop is None:
             raise RuntimeError("the proxy is not running")
         return self.proxy.loop
-
-    @property
-    def url(self) -> str:
-        """``http://HOST:PORT``: the proxy's root (``/health``, ``/metrics``)."""
-        return http_base(*self._thread.address)
-
-    @property
-    def base_url(self) -> str:
-        """``http://HOST:PORT/v1``: what an OpenAI client takes as its base URL."""
-        return self.url + "/v1"
 
 
 def serve_forever(proxy: Proxy, *, on_listening: Callable[[str], None]) -> int:

@@ -1,5 +1,10 @@
 """A llama.cpp-like OpenAI-compatible provider, for tests, repro and bench.
 
+It serves llama.cpp's generation APIs (chat and text completions, the
+Responses API, Anthropic's Messages API) and its ``/tokenize``,
+``/detokenize``, ``/apply-template`` and ``/props``, with one tokenizer for
+every count.
+
 A separate program that shares no code with wirecut's client side (it must not
 import ``wirecut.scope``, ``wirecut.http`` or ``wirecut.provider``): it is the
 other end of the wire that those are tested against. See docs/protocol.md, "The
@@ -16,22 +21,11 @@ In-process use (tests, benchmarks)::
 Scripted replies: pass ``responder=`` (see ``Responder``), or
 ``responder=directive_responder`` to let a ``#sim-reply {...}`` user message
 choose the reply.
-
-Smaller scripted servers, for ``probe`` and for tests that script the bytes on
-the wire: ``LoopbackServer``, ``StallServer`` and ``FullBacklog`` (``_loopback``).
 """
 
 from wirecut.simulator._app import Simulator
 from wirecut.simulator._config import SimConfig
 from wirecut.simulator._events import EventKind, EventLog, SimEvent
-from wirecut.simulator._loopback import (
-    FullBacklog,
-    LoopbackExchange,
-    LoopbackHandler,
-    LoopbackRequest,
-    LoopbackServer,
-    StallServer,
-)
 from wirecut.simulator._requests import RequestState, RequestSummary
 from wirecut.simulator._script import (
     DIRECTIVE_PREFIX,
@@ -46,11 +40,6 @@ __all__ = [
     "DIRECTIVE_PREFIX",
     "EventKind",
     "EventLog",
-    "FullBacklog",
-    "LoopbackExchange",
-    "LoopbackHandler",
-    "LoopbackRequest",
-    "LoopbackServer",
     "RequestState",
     "RequestSummary",
     "Responder",
@@ -61,7 +50,6 @@ __all__ = [
     "SimEvent",
     "Simulator",
     "SimulatorServer",
-    "StallServer",
     "directive_responder",
     "serve_forever",
 ]

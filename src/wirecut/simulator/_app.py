@@ -5,8 +5,11 @@ the Starlette app that serves it. Build it in any thread; the app runs on one
 event loop. The read methods (``events``, ``requests``, ``slots``) and
 ``reset`` are safe from any thread; ``begin_shutdown`` is for the event loop.
 
-Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``,
-``GET /slots``, and for tests and benchmarks ``GET /sim/events?since=N``,
+Routes: ``GET /health``, ``GET /v1/models``, the generation APIs ``POST
+/v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` and
+``/v1/messages`` (with ``/v1/messages/count_tokens``), llama.cpp's ``GET
+/slots``, ``GET /props``, ``POST /tokenize``, ``/detokenize`` and
+``/apply-template``, and for tests and benchmarks ``GET /sim/events?since=N``,
 ``GET /sim/requests``, ``POST /sim/reset``.
 """
 
@@ -14,21 +17,32 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from wirecut.simulator import _anthropic_format
 from wirecut.simulator import _openai_format as fmt
-from wirecut.simulator._chat_request import BadRequest, parse_chat_request
-from wirecut.simulator._completion import CompletionResponse, Runtime
+from wirecut.simulator._anthropic_format import MessagesWire
+from wirecut.simulator._chat_request import parse_chat_request
+from wirecut.simulator._completion import CompletionResponse, Runtime, WireFactory
 from wirecut.simulator._config import SimConfig
 from wirecut.simulator._events import EventLog, SimEvent
+from wirecut.simulator._llama_routes import LlamaRoutes
+from wirecut.simulator._messages_request import parse_messages_request
+from wirecut.simulator._request import Api, BadRequest, GenerationRequest
 from wirecut.simulator._requests import RequestLedger, RequestSummary
+from wirecut.simulator._responses_format import ResponsesWire
+from wirecut.simulator._responses_request import parse_responses_request
 from wirecut.simulator._script import Responder, ScriptedReply
 from wirecut.simulator._slots import SlotPool
+from wirecut.simulator._text_format import TextWire
+from wirecut.simulator._text_request import parse_text_request
+from wirecut.simulator._tokenizer import Tokenizer
+from wirecut.simulator._wire import ErrorBody
 
 __all__ = ["Simulator"]
 
@@ -39,7 +53,7 @@ class Simulator:
     ``responder`` is the scripting hook (see ``wirecut.simulator._script``):
     called with each valid request body on the event loop; returning an
     assistant message makes the simulator serve that message instead of its
-    generated words.
+    generated words. ``tokenizer`` is the one every count is made with.
     """
 
     def __init__(
@@ -53,15 +67,22 @@ class Simulator:
         self._runtime = Runtime(
             config=self.config, pool=self._pool, ledger=self._ledger, events=self.event_log
         )
+        self.tokenizer = Tokenizer()
         self._created = int(time.time())
         # Numbers the tool-call ids a script leaves out, so they are deterministic.
         self._scripts = itertools.count(1)
+        llama = LlamaRoutes(self.config, self.tokenizer)
         self.app = Starlette(
             routes=[
                 Route("/health", self._health, methods=["GET"]),
                 Route("/v1/models", self._models, methods=["GET"]),
-                Route("/v1/chat/completions", self._chat_completions, methods=["POST"]),
+                *(Route(api.value, self._generation(api), methods=["POST"]) for api in Api),
+                Route("/v1/messages/count_tokens", llama.count_tokens, methods=["POST"]),
                 Route("/slots", self._slots, methods=["GET"]),
+                Route("/props", llama.props, methods=["GET"]),
+                Route("/tokenize", llama.tokenize, methods=["POST"]),
+                Route("/detokenize", llama.detokenize, methods=["POST"]),
+                Route("/apply-template", llama.apply_template, methods=["POST"]),
                 Route("/sim/events", self._events, methods=["GET"]),
                 Route("/sim/requests", self._requests, methods=["GET"]),
                 Route("/sim/reset", self._reset, methods=["POST"]),
@@ -136,30 +157,79 @@ class Simulator:
         self.reset()
         return JSONResponse({"status": "ok"})
 
-    async def _chat_completions(self, request: Request) -> Response:
-        try:
-            raw = await request.body()
-        except ClientDisconnect:
-            # Nobody is left to answer; nothing was queued.
-            return Response(status_code=400)
-        try:
-            chat = parse_chat_request(raw)
-        except BadRequest as exc:
-            return _error(400, exc.message, exc.param)
-        scripted = None
-        if self.responder is not None:
+    def _generation(self, api: Api) -> Callable[[Request], Awaitable[Response]]:
+        error_body = _ERROR_BODIES[api]
+
+        async def endpoint(request: Request) -> Response:
             try:
-                reply: Mapping[str, object] | None = self.responder(chat.body)
-                if reply is not None:
-                    scripted = ScriptedReply.from_json(reply, f"s{next(self._scripts)}")
-            except Exception as exc:
-                # A broken script is the test's bug: say so to the client.
-                return _error(500, f"responder failed: {exc!r}", None, "server_error")
-        client = f"{request.client.host}:{request.client.port}" if request.client else None
-        return CompletionResponse(self._runtime, chat, scripted, client)
+                raw = await request.body()
+            except ClientDisconnect:
+                # Nobody is left to answer; nothing was queued.
+                return Response(status_code=400)
+            try:
+                parsed = self._parse(api, raw)
+            except BadRequest as exc:
+                return _error(400, exc.message, exc.param, error_body=error_body)
+            scripted = None
+            if self.responder is not None:
+                try:
+                    reply: Mapping[str, object] | None = self.responder(parsed.responder_body())
+                    if reply is not None:
+                        scripted = ScriptedReply.from_json(reply, f"s{next(self._scripts)}")
+                except Exception as exc:
+                    # A broken script is the test's bug: say so to the client.
+                    message = f"responder failed: {exc!r}"
+                    return _error(500, message, None, "server_error", error_body)
+                if scripted is not None and scripted.tool_calls and api is Api.TEXT:
+                    message = f"the scripted reply has tool calls, which {api.value} cannot carry"
+                    return _error(500, message, None, "server_error", error_body)
+            client = f"{request.client.host}:{request.client.port}" if request.client else None
+            return CompletionResponse(
+                self._runtime, parsed, scripted, client, _wire_factory(parsed), error_body
+            )
+
+        return endpoint
+
+    def _parse(self, api: Api, raw: bytes) -> GenerationRequest:
+        if api is Api.TEXT:
+            return parse_text_request(raw, self.tokenizer)
+        if api is Api.RESPONSES:
+            return parse_responses_request(raw)
+        if api is Api.MESSAGES:
+            return parse_messages_request(raw)
+        return parse_chat_request(raw)
+
+
+_ERROR_BODIES: dict[Api, ErrorBody] = {
+    Api.CHAT: fmt.error_body,
+    Api.TEXT: fmt.error_body,
+    Api.RESPONSES: fmt.error_body,
+    Api.MESSAGES: _anthropic_format.error_body,
+}
+
+
+def _wire_factory(request: GenerationRequest) -> WireFactory:
+    """How the reply to ``request`` goes on the wire, given its id, model and time."""
+    api, prompt_tokens = request.api, request.prompt_tokens
+    if api is Api.TEXT:
+        return lambda rid, model, created: TextWire(f"cmpl-{rid}", model, created)
+    if api is Api.RESPONSES:
+        return lambda rid, model, created: ResponsesWire(
+            f"resp_{rid}", model, created, prompt_tokens
+        )
+    if api is Api.MESSAGES:
+        return lambda rid, model, created: MessagesWire(f"msg_{rid}", model, prompt_tokens)
+    include_usage = request.include_usage
+    return lambda rid, model, created: fmt.ChatWire(
+        f"chatcmpl-{rid}", model, created, include_usage
+    )
 
 
 def _error(
-    status: int, message: str, param: str | None, type_: str = "invalid_request_error"
+    status: int,
+    message: str,
+    param: str | None,
+    type_: str = "invalid_request_error",
+    error_body: ErrorBody = fmt.error_body,
 ) -> JSONResponse:
-    return JSONResponse(fmt.error_body(message, type_, param), status_code=status)
+    return JSONResponse(error_body(message, type_, param), status_code=status)

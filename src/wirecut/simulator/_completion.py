@@ -1,10 +1,14 @@
-"""One chat completion, from queue to last token, as llama.cpp serves it.
+"""One generation request, from queue to last token, as llama.cpp serves it.
 
 ``CompletionResponse`` is the ASGI response that the app returns for a valid
-request. It runs on the server's event loop, and it owns the whole life of
-the request: wait for a slot (FIFO), process the prompt (``prompt_ms``, or in
-batches at ``prompt_tokens_per_second``), decode at
-``tokens_per_second``, stream or answer at the end, free the slot.
+request of any generation route. It runs on the server's event loop, and it
+owns the whole life of the request: wait for a slot (FIFO), process the
+prompt (``prompt_ms``, or in batches at ``prompt_tokens_per_second``),
+decode at ``tokens_per_second``, stream or answer at the end, free the
+slot. What goes on the wire is the route's ``Wire``'s business; a token
+that is part of a multi-byte character is decoded but sends nothing until
+the character is whole (``TextJoiner``), as llama.cpp holds back incomplete
+UTF-8.
 
 Peer close: a watcher task reads ``receive()`` until ``http.disconnect``. The
 decode loop looks at what it saw at each token and before each write, like
@@ -18,25 +22,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from wirecut.simulator import _openai_format as fmt
-from wirecut.simulator._chat_request import ChatRequest
 from wirecut.simulator._config import SimConfig
 from wirecut.simulator._events import EventKind, EventLog
+from wirecut.simulator._pieces import Piece, TextJoiner, text_pieces
+from wirecut.simulator._request import GenerationRequest
 from wirecut.simulator._requests import RequestLedger, RequestState
-from wirecut.simulator._script import Piece, ScriptedReply
+from wirecut.simulator._script import ScriptedReply
 from wirecut.simulator._slots import Slot, SlotPool
-from wirecut.simulator._words import count_prompt_tokens, word_stream
+from wirecut.simulator._wire import ErrorBody, Finish, Usage, Wire
+from wirecut.simulator._words import word_stream
 
-__all__ = ["CompletionResponse", "Runtime"]
+__all__ = ["CompletionResponse", "Runtime", "WireFactory"]
+
+#: Builds a response's ``Wire`` from its request id, model and creation time.
+WireFactory = Callable[[str, str, int], Wire]
 
 _log = logging.getLogger("wirecut.simulator")
 
@@ -73,20 +83,28 @@ class _Aborted(Exception):
 
 
 class CompletionResponse(Response):
-    """Serve one accepted chat completion (stream or not). Event loop only."""
+    """Serve one accepted generation request (stream or not). Event loop only.
+
+    ``make_wire`` encodes the reply for the request's route; ``error_body``
+    shapes the error a failure or a shutdown answers with.
+    """
 
     def __init__(
         self,
         runtime: Runtime,
-        request: ChatRequest,
+        request: GenerationRequest,
         scripted: ScriptedReply | None,
         client: str | None,
+        make_wire: WireFactory,
+        error_body: ErrorBody,
     ) -> None:
         # Deliberately not calling Response.__init__: there is no fixed body.
         self._rt = runtime
         self._request = request
         self._scripted = scripted
         self._client = client
+        self._make_wire = make_wire
+        self._error_body = error_body
         self.status_code = 200
         self.background = None
         self._peer_gone_at: float | None = None
@@ -136,10 +154,11 @@ class CompletionResponse(Response):
 
     async def _serve(self, send: Send, gone: asyncio.Event, stop: asyncio.Event) -> None:
         rt, req = self._rt, self._request
-        request_id = rt.ledger.open(req.stream)
+        request_id = rt.ledger.open(req.stream, req.api.value)
         rt.events.append(
             EventKind.REQUEST_RECEIVED,
             request_id,
+            route=req.api.value,
             stream=req.stream,
             client=self._client,
             scripted=self._scripted is not None,
@@ -196,7 +215,7 @@ class CompletionResponse(Response):
                     self._finish_peer_closed(request_id, "queue", 0)
                 else:
                     self._finish(request_id, RequestState.ABORTED, "shutdown", 0)
-                    await _end_body(send, req.stream)
+                    await self._end_body(send, req.stream)
                 return
         # From here on _serve frees it, whatever happens.
         self._slot = slot
@@ -212,7 +231,7 @@ class CompletionResponse(Response):
             self._finish_peer_closed(request_id, "decode", slot.n_decoded)
         except _Aborted:
             self._finish(request_id, RequestState.ABORTED, "shutdown", slot.n_decoded)
-            await _end_body(send, req.stream)
+            await self._end_body(send, req.stream)
 
     async def _answer_failure(self, send: Send) -> None:
         if self._response_complete:
@@ -221,8 +240,16 @@ class CompletionResponse(Response):
             # A stream whose headers are out ends without [DONE]: a cut reply.
             await send(_body(b"", more=False))
             return
-        error = fmt.error_body("the simulator failed; see its log", "server_error")
+        error = self._error_body("the simulator failed; see its log", "server_error", None)
         await _send_json(send, error, {}, status=500)
+
+    async def _end_body(self, send: Send, started: bool) -> None:
+        # A stream whose headers are out ends without its last events: a cut reply.
+        if started:
+            await send(_body(b"", more=False))
+            return
+        error = self._error_body("the simulator is shutting down", "server_error", None)
+        await _send_json(send, error, {}, status=503)
 
     async def _decode(
         self,
@@ -234,9 +261,8 @@ class CompletionResponse(Response):
     ) -> None:
         rt, req, cfg = self._rt, self._request, self._rt.config
         pieces, limit, natural_end = self._plan()
-        completion_id = f"chatcmpl-{request_id}"
-        model = req.model or cfg.model
-        created = int(time.time())
+        wire = self._make_wire(request_id, req.model or cfg.model, int(time.time()))
+        joiner = TextJoiner()
 
         await self._process_prompt(request_id, slot, stop)
         t_first = time.monotonic()
@@ -255,35 +281,32 @@ class CompletionResponse(Response):
             rt.pool.set_decoded(slot, n)
             rt.ledger.set_decoded(request_id, n)
             rt.events.append(EventKind.TOKEN, request_id, slot=slot.id, n=n)
+            text = joiner.feed(piece)
+            if text is None:
+                continue  # a byte of a character still incomplete: nothing to send yet
             if req.stream:
-                delta = fmt.delta_for(piece, first=n == 1)
-                await send(_body(fmt.sse(fmt.chunk(completion_id, model, created, delta))))
+                await send(_body(wire.token(text)))
             else:
-                produced.append(piece)
+                produced.append(text)
 
-        if limit is not None and n >= limit and not (natural_end and limit == n):
-            finish_reason = "length"
+        # Only a look at the next token tells a reply that ends at the limit from one cut there.
+        if limit is not None and n >= limit and not (natural_end and next(pieces, None) is None):
+            finish = Finish.LENGTH
         elif self._scripted is not None and self._scripted.tool_calls:
-            finish_reason = "tool_calls"
+            finish = Finish.TOOL_CALLS
         else:
-            finish_reason = "stop"
+            finish = Finish.STOP
         self._check("prompt" if n == 0 else "decode")
-        usage = fmt.usage(count_prompt_tokens(req.messages), n)
+        usage = Usage(req.prompt_tokens, n)
         if req.stream:
-            final = fmt.chunk(completion_id, model, created, {}, finish_reason)
-            body = fmt.sse(final)
-            if req.include_usage:
-                usage_chunk = fmt.chunk(completion_id, model, created, {})
-                usage_chunk["choices"] = []
-                usage_chunk["usage"] = usage
-                body += fmt.sse(usage_chunk)
-            await send(_body(body + fmt.DONE, more=False))
+            # The bytes of a character that the limit cut are never sent, as in llama.cpp.
+            await send(_body(wire.end(finish, usage), more=False))
         else:
-            payload = fmt.completion(
-                completion_id, model, created, fmt.message_for(produced), finish_reason, usage
-            )
-            await _send_json(send, payload, headers)
-        self._finish(request_id, RequestState.FINISHED, finish_reason, n)
+            tail = joiner.flush()
+            if tail is not None:
+                produced.append(tail)
+            await _send_json(send, wire.whole(produced, finish, usage), headers)
+        self._finish(request_id, RequestState.FINISHED, finish.value, n)
 
     async def _process_prompt(self, request_id: str, slot: Slot, stop: asyncio.Event) -> None:
         """The prompt phase: ``prompt_ms``, or the prompt's tokens in batches at a rate.
@@ -293,7 +316,7 @@ class CompletionResponse(Response):
         batches of ``n_batch`` tokens, so a cut waits for the batch under way.
         """
         rt, cfg = self._rt, self._rt.config
-        total = count_prompt_tokens(self._request.messages)
+        total = self._request.prompt_tokens
         rate = cfg.prompt_tokens_per_second
         if rate is None:
             await _sleep(cfg.prompt_ms / 1000.0, stop)
@@ -315,18 +338,21 @@ class CompletionResponse(Response):
             )
 
     def _plan(self) -> tuple[Iterator[Piece], int | None, bool]:
-        """The tokens to emit, how many at most, and whether that count is the reply's own end."""
+        """The tokens to emit, how many at most, and whether running out of them is a stop.
+
+        Reaching the limit is a "length" finish unless the third value is
+        True and the tokens end there too: a generated reply whose length
+        is the limit stopped by itself, a script cut at its last token did not.
+        """
         cfg, max_tokens = self._rt.config, self._request.max_tokens
         if self._scripted is not None:
             # A script ends by itself; only max_tokens can cut it short.
             return self._scripted.pieces(), max_tokens, False
-        words = (Piece(content=w) for w in word_stream(self._request.messages))
-        natural = None if cfg.endless else cfg.reply_tokens
-        if max_tokens is None:
-            return words, natural, natural is not None
-        if natural is None or max_tokens < natural:
-            return words, max_tokens, False
-        return words, natural, True
+        words = word_stream(self._request.messages, cfg.multibyte_every)
+        tokens = itertools.chain.from_iterable(_word_pieces(w) for w in words)
+        if cfg.endless:
+            return tokens, max_tokens, False
+        return _whole_reply(tokens, cfg.reply_tokens), max_tokens, True
 
     def _check(self, where: str) -> None:
         if self._peer_gone_at is not None:
@@ -364,28 +390,31 @@ async def _sleep(seconds: float, stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), seconds)
 
 
+def _whole_reply(tokens: Iterator[Piece], n: int) -> Iterator[Piece]:
+    """The first ``n`` of ``tokens``, and the bytes that finish a character they cut.
+
+    A model does not stop inside a character: a generated reply is
+    ``reply_tokens`` tokens, or the few more that complete its last one.
+    """
+    yield from itertools.islice(tokens, n)
+    for piece in tokens:
+        if not piece.partial or not 0x80 <= piece.partial[0] < 0xC0:
+            return  # not a continuation byte: the last character was whole
+        yield piece
+
+
+@functools.lru_cache(maxsize=1024)
+def _word_pieces(word: str) -> tuple[Piece, ...]:
+    # Generated replies repeat a few dozen words: split each one once.
+    return tuple(text_pieces(word))
+
+
 def _raw_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
     return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
 
 
 def _body(data: bytes, more: bool = True) -> dict[str, object]:
     return {"type": "http.response.body", "body": data, "more_body": more}
-
-
-async def _end_body(send: Send, started: bool) -> None:
-    # A stream whose headers are out ends without [DONE]: the client sees a cut reply.
-    if started:
-        await send(_body(b"", more=False))
-    else:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 503,
-                "headers": _raw_headers({"content-type": "application/json"}),
-            }
-        )
-        err = fmt.error_body("the simulator is shutting down", "server_error")
-        await send(_body(fmt.json_bytes(err), more=False))
 
 
 async def _send_json(

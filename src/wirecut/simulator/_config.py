@@ -32,6 +32,10 @@ class SimConfig:
     - ``endless``: ignore ``reply_tokens``; decode up to the request's
       ``max_tokens``, or without end when it gives none.
     - ``model``: the id that ``/v1/models`` lists.
+    - ``multibyte_every``: 0 keeps generated replies ASCII. N > 0 makes every
+      Nth word of a generated reply multi-byte text, whose characters are
+      several tokens each (a token per UTF-8 byte), so a stream carries fewer
+      chunks than tokens, as llama.cpp's does for such text.
     """
 
     slots: int = 1
@@ -42,6 +46,7 @@ class SimConfig:
     reply_tokens: int = 48
     endless: bool = False
     model: str = "wirecut-sim"
+    multibyte_every: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
@@ -73,6 +78,12 @@ class SimConfig:
             raise ValueError(f"reply_tokens must be an int >= 0, got {self.reply_tokens!r}")
         if not self.model:
             raise ValueError("model must be a non-empty string")
+        if (
+            isinstance(self.multibyte_every, bool)
+            or not isinstance(self.multibyte_every, int)
+            or self.multibyte_every < 0
+        ):
+            raise ValueError(f"multibyte_every must be an int >= 0, got {self.multibyte_every!r}")
 
     @property
     def token_interval(self) -> float:

@@ -24,7 +24,8 @@ __all__ = ["EventKind", "EventLog", "SimEvent"]
 class EventKind(enum.StrEnum):
     """What an event records; a ``StrEnum`` so ``ev.kind == "peer_closed"`` works."""
 
-    # The request was parsed and accepted (detail: stream, client, scripted).
+    # The request was parsed and accepted (detail: route, stream, client,
+    # scripted, max_tokens).
     REQUEST_RECEIVED = "request_received"
     # No slot was free; the request waits in the FIFO queue (detail: position).
     REQUEST_QUEUED = "request_queued"

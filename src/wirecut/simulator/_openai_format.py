@@ -1,18 +1,20 @@
-"""OpenAI wire shapes: stream chunks, the non-stream completion, errors.
+"""OpenAI chat wire shapes: stream chunks, the non-stream completion, errors.
 
-Pure functions; call from anywhere. Shapes follow the OpenAI chat API as
-llama.cpp's server emits them.
+Pure functions, and ``ChatWire`` (one per response, used by its task only).
+Shapes follow the OpenAI chat API as llama.cpp's server emits them.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
-from wirecut.simulator._script import Piece
+from wirecut.simulator._pieces import Piece
+from wirecut.simulator._wire import Finish, Usage
 
 __all__ = [
     "DONE",
+    "ChatWire",
     "chunk",
     "completion",
     "delta_for",
@@ -133,3 +135,38 @@ def completion(
         "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
         "usage": usage_,
     }
+
+
+class ChatWire:
+    """``/v1/chat/completions`` on the wire: one chunk per piece, ``[DONE]`` last."""
+
+    def __init__(self, completion_id: str, model: str, created: int, include_usage: bool) -> None:
+        self._id = completion_id
+        self._model = model
+        self._created = created
+        self._include_usage = include_usage
+        self._first = True
+
+    def token(self, piece: Piece) -> bytes:
+        delta = delta_for(piece, first=self._first)
+        self._first = False
+        return sse(chunk(self._id, self._model, self._created, delta))
+
+    def end(self, finish: Finish, usage_: Usage) -> bytes:
+        body = sse(chunk(self._id, self._model, self._created, {}, finish.value))
+        if self._include_usage:
+            usage_chunk = chunk(self._id, self._model, self._created, {})
+            usage_chunk["choices"] = []
+            usage_chunk["usage"] = usage(usage_.prompt_tokens, usage_.completion_tokens)
+            body += sse(usage_chunk)
+        return body + DONE
+
+    def whole(self, pieces: Sequence[Piece], finish: Finish, usage_: Usage) -> dict[str, object]:
+        return completion(
+            self._id,
+            self._model,
+            self._created,
+            message_for(pieces),
+            finish.value,
+            usage(usage_.prompt_tokens, usage_.completion_tokens),
+        )

@@ -18,7 +18,7 @@ __all__ = ["RequestLedger", "RequestState", "RequestSummary"]
 
 
 class RequestState(enum.StrEnum):
-    """Where a chat-completion request is."""
+    """Where a generation request is."""
 
     # Accepted; waiting for a free slot (possibly for no time at all).
     QUEUED = "queued"
@@ -61,10 +61,13 @@ class RequestSummary:
     # time.monotonic() at receipt, and at the terminal state (None until then).
     t_start: float
     t_end: float | None
+    # The path it came by ("/v1/chat/completions", "/v1/responses", ...).
+    route: str = "/v1/chat/completions"
 
     def to_json(self) -> dict[str, object]:
         return {
             "id": self.id,
+            "route": self.route,
             "state": str(self.state),
             "stream": self.stream,
             "n_decoded": self.n_decoded,
@@ -80,6 +83,7 @@ class RequestSummary:
 class _Record:
     id: str
     stream: bool
+    route: str
     t_start: float
     state: RequestState = RequestState.QUEUED
     n_decoded: int = 0
@@ -98,6 +102,7 @@ class _Record:
             finish_reason=self.finish_reason,
             t_start=self.t_start,
             t_end=self.t_end,
+            route=self.route,
         )
 
 
@@ -113,13 +118,13 @@ class RequestLedger:
         self._records: dict[str, _Record] = {}
         self._counter = 0
 
-    def open(self, stream: bool) -> str:
-        """Register a new request in state QUEUED; return its id."""
+    def open(self, stream: bool, route: str = "/v1/chat/completions") -> str:
+        """Register a new request that came by ``route``, in state QUEUED; return its id."""
         with self._lock:
             self._counter += 1
             request_id = f"req-{self._counter}"
             self._records[request_id] = _Record(
-                id=request_id, stream=stream, t_start=time.monotonic()
+                id=request_id, stream=stream, route=route, t_start=time.monotonic()
             )
             return request_id
 

@@ -1,7 +1,7 @@
 """Scripted replies: a hook that lets an agent test decide what the "model" says.
 
 A ``Responder`` is a plain callable given to ``Simulator``/``SimulatorServer``.
-For each chat-completion request it receives the parsed request body (a dict)
+For each generation request it receives the parsed request body (a dict)
 and returns either None (generate the usual deterministic words) or an
 assistant message::
 
@@ -10,9 +10,17 @@ assistant message::
                      "function": {"name": "shell", "arguments": "{\\"cmd\\": \\"ls\\"}"}}]}
 
 ``arguments`` may also be a dict (it is JSON-encoded); ``id`` and ``type`` may
-be left out. The reply is streamed or returned in OpenAI format with the usual
-timing: one token per word of content, one for each tool call's header and one
-per argument chunk. ``max_tokens`` still cuts it (``finish_reason`` "length").
+be left out. The reply is streamed or returned in the route's format with the
+usual timing: its content and arguments are tokens as the simulator's
+tokenizer splits them (about one per word), and each tool call's header one
+more. ``max_tokens`` still cuts it (``finish_reason`` "length").
+
+Every route's body reaches the responder with ``messages`` in chat-completions
+form: ``/v1/chat/completions`` as sent; ``/v1/completions`` with its prompt as
+one user message; ``/v1/responses`` and ``/v1/messages`` with their input
+converted as llama.cpp converts it (each message's text as a string). A
+scripted reply with tool calls on ``/v1/completions``, which has none, is a
+500 that says so.
 
 The responder runs on the server's event-loop thread: it must be quick and
 must not block. ``directive_responder`` is a ready-made responder that reads
@@ -22,10 +30,11 @@ the reply from the last user message.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from wirecut.simulator._pieces import Piece, ScriptedToolCall, text_pieces
 
 __all__ = [
     "DIRECTIVE_PREFIX",
@@ -39,29 +48,6 @@ __all__ = [
 Responder = Callable[[dict[str, Any]], Mapping[str, Any] | None]
 
 DIRECTIVE_PREFIX = "#sim-reply"
-
-# A word with the whitespace after it, so that the pieces join back exactly.
-_WORD = re.compile(r"\s*\S+\s*|\s+")
-_MAX_ARG_CHUNK = 16
-
-
-@dataclass(frozen=True, slots=True)
-class ScriptedToolCall:
-    """One tool call of a scripted reply; ``arguments`` is a JSON string."""
-
-    id: str
-    name: str
-    arguments: str
-
-
-@dataclass(frozen=True, slots=True)
-class Piece:
-    """One token of a reply: some content, a tool call's header, or argument text."""
-
-    content: str = ""
-    tool_index: int | None = None
-    tool_header: ScriptedToolCall | None = None
-    arguments: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,14 +89,15 @@ class ScriptedReply:
         return cls(content=content, tool_calls=tuple(calls))
 
     def pieces(self) -> Iterator[Piece]:
-        """The reply as tokens, in the order a model would emit them."""
-        for word in _WORD.findall(self.content or ""):
-            yield Piece(content=word)
+        """The reply as tokens, in the order a model would emit them.
+
+        The content and each call's arguments are tokens as the simulator's
+        tokenizer splits them; a call's header is one token more.
+        """
+        yield from text_pieces(self.content or "")
         for index, call in enumerate(self.tool_calls):
             yield Piece(tool_index=index, tool_header=call)
-            for word in _WORD.findall(call.arguments):
-                for start in range(0, len(word), _MAX_ARG_CHUNK):
-                    yield Piece(tool_index=index, arguments=word[start : start + _MAX_ARG_CHUNK])
+            yield from text_pieces(call.arguments, index)
 
 
 def directive_responder(request: dict[str, Any]) -> Mapping[str, Any] | None:

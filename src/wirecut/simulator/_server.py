@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable
-from types import TracebackType
+from typing import Self
 
 import uvicorn
 
-from wirecut._uvicorn import Server, ServerThread, http_base, listen
+from wirecut.serving import BackgroundServer, Server, ServerThread, http_base, listen
 from wirecut.simulator._app import Simulator
 from wirecut.simulator._config import SimConfig
 from wirecut.simulator._events import EventKind, SimEvent
@@ -56,7 +56,7 @@ def _before_shutdown(simulator: Simulator) -> Callable[[], Awaitable[None]]:
     return end_work
 
 
-class SimulatorServer:
+class SimulatorServer(BackgroundServer):
     """A ``Simulator`` served by uvicorn on a background thread.
 
     Safe to call from any thread but its own. Use as a context manager::
@@ -95,7 +95,7 @@ class SimulatorServer:
     def state(self) -> ServerState:
         return self._state
 
-    def start(self, timeout: float = 10.0) -> None:
+    def start(self, timeout: float = 10.0) -> Self:
         """Listen, and return once connections are accepted.
 
         Raises RuntimeError if it cannot listen (the port is taken) and
@@ -111,6 +111,7 @@ class SimulatorServer:
             self._state = ServerState.STOPPED
             raise
         self._state = ServerState.RUNNING
+        return self
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop serving and join the thread. If already stopped this does nothing."""
@@ -119,37 +120,19 @@ class SimulatorServer:
             self._thread.stop(timeout)
         self._state = ServerState.STOPPED
 
-    def __enter__(self) -> SimulatorServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     # -- address ----------------------------------------------------------
 
     @property
+    def address(self) -> tuple[str, int]:
+        # The address it listened on stays known once it stopped.
+        try:
+            return self._thread.address
+        except RuntimeError:
+            raise RuntimeError(f"SimulatorServer is {self._state.value}, not listening") from None
+
+    @property
     def host(self) -> str:
-        return self._bound()[0]
-
-    @property
-    def port(self) -> int:
-        return self._bound()[1]
-
-    @property
-    def url(self) -> str:
-        """The server root, ``http://HOST:PORT`` (for ``/health``, ``/slots``, ``/sim/...``)."""
-        return http_base(*self._bound())
-
-    @property
-    def base_url(self) -> str:
-        """The OpenAI API base, ``http://HOST:PORT/v1``."""
-        return self.url + "/v1"
+        return self.address[0]
 
     # -- observation (any thread) -------------------------------------------
 
@@ -192,13 +175,6 @@ class SimulatorServer:
             timeout,
             since,
         )
-
-    def _bound(self) -> tuple[str, int]:
-        # The address it listened on stays known once it stopped.
-        try:
-            return self._thread.address
-        except RuntimeError:
-            raise RuntimeError(f"SimulatorServer is {self._state.value}, not listening") from None
 
 
 def serve_forever(

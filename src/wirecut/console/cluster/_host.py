@@ -52,15 +52,14 @@ import ray
 from wirecut.console.cluster._line import CancelLine, LineRequest
 from wirecut.console.commands import CommandContext, Services, Session, Stream
 from wirecut.console.runner import (
-    Command,
+    CommandRecord,
     CommandRunner,
-    CompleteFacts,
     LocalCommand,
-    Reason,
     RunnerLimits,
     route_stdio,
 )
 from wirecut.provider import ProviderSpec
+from wirecut.record import CompleteFacts, Reason
 from wirecut.scope import proc_stat
 
 __all__ = [
@@ -213,16 +212,16 @@ class _JobSink:
         self._host = host
         self._job = job
 
-    def started(self, command: Command) -> None:
+    def started(self, command: CommandRecord) -> None:
         self._job.news.put(("started",))
 
-    def output(self, command: Command, stream: Stream, data: str) -> None:
+    def output(self, command: CommandRecord, stream: Stream, data: str) -> None:
         self._job.news.put(("output", stream, data))
 
-    def confirm_required(self, command: Command, message: str) -> None:
+    def confirm_required(self, command: CommandRecord, message: str) -> None:
         self._job.news.put(("confirm", message))
 
-    def complete(self, command: Command, facts: CompleteFacts) -> None:
+    def complete(self, command: CommandRecord, facts: CompleteFacts) -> None:
         self._host._finish(self._job, facts)
 
 

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from wirecut.console.runner import Reason
+from wirecut.record import Reason
 
 __all__ = ["ANSWER_TIMEOUT", "CancelLine", "LineClient", "LineRequest"]
 

@@ -32,10 +32,10 @@ from ray.exceptions import ActorDiedError, RayError, TaskCancelledError
 from wirecut.console.cluster._host import HostReceipt
 from wirecut.console.cluster._pool import Host, HostPool, HostState
 from wirecut.console.commands import Stream
-from wirecut.console.runner import (
+from wirecut.record import (
     CompleteFacts,
     Ending,
-    Lifecycle,
+    LifecycleFacts,
     Reason,
     Status,
     TimelineStep,
@@ -335,7 +335,7 @@ def remote_facts(
         status = reason.status
         if reason is Reason.LOST:
             error = f"the stream from the command host on node {outcome.node_ip} broke"
-    life = remote.lifecycle if remote is not None else Lifecycle.unknown()
+    life = remote.lifecycle if remote is not None else LifecycleFacts.unknown()
     worker_exited = life.worker_exited
     open_requests = life.open_requests
     open_threads = life.open_threads
@@ -351,7 +351,7 @@ def remote_facts(
         steps = _timeline(outcome, cancelled_at)
     elif remote is not None:
         steps = life.timeline  # The host ended it by itself.
-    lifecycle = Lifecycle(
+    lifecycle = LifecycleFacts(
         worker_exited=worker_exited,
         open_requests=open_requests,
         open_processes=life.open_processes,

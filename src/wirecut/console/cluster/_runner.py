@@ -59,12 +59,10 @@ from wirecut.console.cluster._remote import Outcome, RemoteJob, remote_facts
 from wirecut.console.cluster._split import RemoteBounds, SplitCommands, SplitPlacement
 from wirecut.console.commands import CommandSet, Services, Session, builtin_commands
 from wirecut.console.runner import (
-    Command,
     CommandEvent,
+    CommandRecord,
     CommandState,
-    CompleteFacts,
     Placement,
-    Reason,
     RunnerCore,
     RunnerLimits,
     RunnerObserver,
@@ -73,6 +71,7 @@ from wirecut.console.runner import (
 from wirecut.console.runner._core import Accepted, Work
 from wirecut.console.runner._lifecycle import CommandEvent as _Event
 from wirecut.provider import ProviderSpec
+from wirecut.record import CompleteFacts, Reason
 
 __all__ = ["LEASE_SECONDS", "ClusterRunner", "ProviderSpec", "RemoteCommand", "placement"]
 
@@ -112,18 +111,14 @@ def _where(name: str, args: list[str]) -> str:
 
 
 @dataclass(eq=False, kw_only=True)
-class RemoteCommand(Command):
+class RemoteCommand(CommandRecord):
     """A command whose work runs on a command host."""
 
     job: RemoteJob | None = None
     confirm_pending: bool = False
 
 
-#: The name this record had before the runners shared their core.
-ClusterCommand = RemoteCommand
-
-
-class HostPlacement:
+class HostPlacement(Placement[RemoteCommand]):
     """Runs commands on the cluster's command hosts (see the module docstring).
 
     ``runner`` is the core (``RunnerCore``): it hears of starts and
@@ -141,26 +136,20 @@ class HostPlacement:
     # -- Placement ----------------------------------------------------------------------
 
     def record(self, accepted: Accepted) -> RemoteCommand:
-        command = RemoteCommand.of(accepted, self)
-        assert isinstance(command, RemoteCommand)
-        return command
+        return RemoteCommand.of(accepted, self)
 
-    def launch(self, command: Command) -> None:
-        assert isinstance(command, RemoteCommand)
+    def launch(self, command: RemoteCommand) -> None:
         self._live.add(command)  # Placed on a host by its driver (``settle``).
 
-    def cut(self, command: Command, reason: Reason) -> None:
+    def cut(self, command: RemoteCommand, reason: Reason) -> None:
         """Never blocks: the host's cancel is one control call, batched with the others."""
-        assert isinstance(command, RemoteCommand)
         if command.job is not None:
             command.job.cancel(reason)
 
-    def cancel(self, command: Command, reason: Reason) -> bool:
-        assert isinstance(command, RemoteCommand)
+    def cancel(self, command: RemoteCommand, reason: Reason) -> bool:
         return command.job is None  # Not sent to any host yet: it never will be.
 
-    def confirm(self, command: Command) -> bool:
-        assert isinstance(command, RemoteCommand)
+    def confirm(self, command: RemoteCommand) -> bool:
         job = command.job
         if not command.confirm_pending or job is None:
             return False
@@ -168,8 +157,7 @@ class HostPlacement:
         job.host.actor.confirm.remote(job.id)
         return True
 
-    async def settle(self, command: Command) -> CompleteFacts:
-        assert isinstance(command, RemoteCommand)
+    async def settle(self, command: RemoteCommand) -> CompleteFacts:
         try:
             return await self._run(command)
         finally:
@@ -346,7 +334,7 @@ class ClusterRunner(RunnerCore):
         self.threads.stop()
         await self.pool.shutdown()
 
-    def _route(self, line: str) -> tuple[Placement, Work]:
+    def _route(self, line: str) -> tuple[Placement[Any], Work]:
         found, args = self.commands.parse(line)
         where = _where(found.name, args)
         if where == "remote":
@@ -355,7 +343,7 @@ class ClusterRunner(RunnerCore):
             return self.split, (found, args)
         return self.threads, (found, args)
 
-    def _call_placement(self) -> Placement:
+    def _call_placement(self) -> Placement[Any]:
         return self.threads
 
     @property
@@ -402,7 +390,7 @@ class ClusterRunner(RunnerCore):
             job.on_host_gone()
 
 
-def _write(command: Command, stream: Any, data: str) -> None:
+def _write(command: CommandRecord, stream: Any, data: str) -> None:
     if command.output is not None:
         command.output.write(stream, data)
 
@@ -412,7 +400,7 @@ def _history(session: Session) -> list[dict[str, Any]]:
         return [dict(message) for message in session.chat_history]
 
 
-def _apply_history(command: Command, outcome: Outcome) -> None:
+def _apply_history(command: CommandRecord, outcome: Outcome) -> None:
     receipt = outcome.receipt
     if receipt is not None and receipt.chat_history is not None:
         with command.session.lock:

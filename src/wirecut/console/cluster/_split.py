@@ -40,17 +40,10 @@ from wirecut.console.cluster._host import MODEL_REQUEST
 from wirecut.console.cluster._pool import HostPool
 from wirecut.console.cluster._remote import Outcome, RemoteJob, remote_facts
 from wirecut.console.commands import Stream
-from wirecut.console.runner import (
-    Command,
-    CompleteFacts,
-    LocalCommand,
-    Reason,
-    Status,
-    ThreadPlacement,
-    make_timeline,
-)
+from wirecut.console.runner import LocalCommand, Placement, ThreadPlacement
 from wirecut.console.runner._core import Accepted
 from wirecut.provider import ChatResult, ProviderError
+from wirecut.record import CompleteFacts, Reason, Status, make_timeline
 from wirecut.scope import Interrupted, InterruptScope, current_scope
 
 __all__ = ["RemoteBounds", "SplitCommands", "SplitPlacement", "merge"]
@@ -288,13 +281,15 @@ class ModelClient:
         return self._splits.chat(messages, {"tools": tools, "stream": stream, **params}, on_token)
 
 
-class SplitPlacement:
+class SplitPlacement(Placement[LocalCommand]):
     """The local thread placement, for a split command: the host's facts merged at the end."""
 
     def __init__(self, threads: ThreadPlacement, splits: SplitCommands) -> None:
         self._threads = threads
         self._splits = splits
-        self._by_command: weakref.WeakKeyDictionary[Command, _Split] = weakref.WeakKeyDictionary()
+        self._by_command: weakref.WeakKeyDictionary[LocalCommand, _Split] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def record(self, accepted: Accepted) -> LocalCommand:
         command = self._threads.record(accepted)
@@ -302,20 +297,19 @@ class SplitPlacement:
         self._by_command[command] = self._splits.track(command)
         return command
 
-    def launch(self, command: Command) -> None:
+    def launch(self, command: LocalCommand) -> None:
         self._threads.launch(command)
 
-    def cut(self, command: Command, reason: Reason) -> None:
+    def cut(self, command: LocalCommand, reason: Reason) -> None:
         self._threads.cut(command, reason)
 
-    def cancel(self, command: Command, reason: Reason) -> bool:
+    def cancel(self, command: LocalCommand, reason: Reason) -> bool:
         return self._threads.cancel(command, reason)
 
-    def confirm(self, command: Command) -> bool:
+    def confirm(self, command: LocalCommand) -> bool:
         return self._threads.confirm(command)
 
-    async def settle(self, command: Command) -> CompleteFacts:
-        assert isinstance(command, LocalCommand)
+    async def settle(self, command: LocalCommand) -> CompleteFacts:
         try:
             facts = await self._threads.settle(command)
         finally:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 
 from wirecut.agent import AIAgent, ConversationStatus
-from wirecut.console.commands._context import CommandContext, CommandError, UsageError
+from wirecut.console.commands._context import CommandContext, CommandError
 from wirecut.console.commands._memory import MEMORY_COMMANDS
+from wirecut.console.commands._params import Args, Argument, Flag
 from wirecut.console.commands._probe import probe
 from wirecut.console.commands._registry import CommandSet, command
 
@@ -21,10 +22,8 @@ __all__ = ["builtin_commands"]
 CHAT_SYSTEM_PROMPT = "You are a helpful assistant in the wirecut console. Answer briefly."
 
 
-@command("help", usage="help", summary="list the commands")
-def help_(ctx: CommandContext, args: list[str]) -> None:
-    if args:
-        raise UsageError("usage: help")
+@command("help", summary="list the commands")
+def help_(ctx: CommandContext, args: Args) -> None:
     listed = list(ctx.commands)
     width = max(len(c.usage) for c in listed)
     for found in listed:
@@ -33,44 +32,45 @@ def help_(ctx: CommandContext, args: list[str]) -> None:
         ctx.write(f"\nprovider: {ctx.services.provider_label}\n")
 
 
-@command("sleep", usage="sleep SECONDS", summary="wait; for trying cancel and timeout")
-def sleep(ctx: CommandContext, args: list[str]) -> None:
-    if len(args) != 1:
-        raise UsageError("usage: sleep SECONDS")
+def _seconds(word: str) -> float:
     try:
-        seconds = float(args[0])
+        seconds = float(word)
     except ValueError:
-        raise UsageError(f"usage: sleep SECONDS (not a number: {args[0]!r})") from None
+        raise ValueError(f"not a number: {word!r}") from None
     if not math.isfinite(seconds) or seconds < 0:
-        raise UsageError(f"usage: sleep SECONDS (a finite number >= 0, not {args[0]})")
-    ctx.scope.sleep(seconds)
-    ctx.write(f"slept {seconds:g} s\n")
+        raise ValueError(f"a finite number >= 0, not {word}")
+    return seconds
 
 
-@command("jobs", usage="jobs", summary="this connection's running and queued commands")
-def jobs(ctx: CommandContext, args: list[str]) -> None:
-    if args:
-        raise UsageError("usage: jobs")
+@command(
+    "sleep",
+    Argument("SECONDS", convert=_seconds, missing="give a number of seconds"),
+    summary="wait; for trying cancel and timeout",
+)
+def sleep(ctx: CommandContext, args: Args) -> None:
+    ctx.scope.sleep(args["seconds"])
+    ctx.write(f"slept {args['seconds']:g} s\n")
+
+
+@command("jobs", summary="this connection's running and queued commands")
+def jobs(ctx: CommandContext, args: Args) -> None:
     for id, line, state, elapsed_ms in ctx.session.jobs():
         ctx.write(f"{id}  {state:<9}  {elapsed_ms / 1000:7.1f} s  {line}\n")
 
 
 @command(
     "chat",
-    usage="chat [--new] TEXT",
+    Flag("--new"),
+    Argument("TEXT", rest=True, unless="--new", missing="give the text to send"),
     summary="one agent turn on the provider; streams the reply (--new: forget the history)",
 )
-def chat(ctx: CommandContext, args: list[str]) -> None:
-    new = bool(args) and args[0] == "--new"
-    words = args[1:] if new else args
-    if new:
+def chat(ctx: CommandContext, args: Args) -> None:
+    if args["new"]:
         with ctx.session.lock:
             ctx.session.chat_history.clear()
-    if not words:
-        if new:
-            ctx.write("chat history cleared\n")
-            return
-        raise UsageError("usage: chat [--new] TEXT")
+    if args["text"] is None:
+        ctx.write("chat history cleared\n")
+        return
     with ctx.session.lock:
         history = list(ctx.session.chat_history)
     agent = AIAgent(
@@ -79,7 +79,7 @@ def chat(ctx: CommandContext, args: list[str]) -> None:
         system_prompt=CHAT_SYSTEM_PROMPT,
         max_tokens=ctx.services.max_tokens,
     )
-    result = agent.run_conversation(" ".join(words), history=history, on_token=ctx.token)
+    result = agent.run_conversation(args["text"], history=history, on_token=ctx.token)
     ctx.add_usage(result.usage)
     if result.status is ConversationStatus.INTERRUPTED:
         ctx.scope.check()  # The command's own cancel: the runner reports it.

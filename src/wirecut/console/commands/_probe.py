@@ -50,11 +50,12 @@ import httpx
 import wirecut.http
 import wirecut.scope as ws
 from wirecut.agent import AIAgent, ConversationStatus, delegate_tool
-from wirecut.console.commands._context import CommandContext, CommandError, UsageError
+from wirecut.console.commands._context import CommandContext, CommandError
+from wirecut.console.commands._params import Args, Argument
 from wirecut.console.commands._registry import Command, command
+from wirecut.loopback import FullBacklog, LoopbackExchange, LoopbackRequest, LoopbackServer
 from wirecut.provider import ChatClient, ChatResult, ProviderError
 from wirecut.scope import Interrupted
-from wirecut.simulator import FullBacklog, LoopbackExchange, LoopbackRequest, LoopbackServer
 
 __all__ = ["POINTS", "ServerObserver", "probe", "probe_command"]
 
@@ -263,8 +264,6 @@ _POINTS: dict[str, Callable[[CommandContext, ServerObserver], None]] = {
 #: The points ``probe`` knows, in the order of its usage line.
 POINTS = tuple(_POINTS)
 
-_USAGE = "probe connect|ttfb|stream|subprocess|sleep|python-loop|nested-thread|child-agent"
-
 
 def _tell_nobody(server: LoopbackServer | FullBacklog) -> None:
     pass
@@ -281,11 +280,11 @@ def probe_command(*, on_server: ServerObserver | None = None) -> Command:
 
     @command(
         "probe",
-        usage=_USAGE,
+        Argument("POINT", choices=POINTS, missing="probe takes one POINT"),
         summary="block at one point until cancelled, to see where a cut lands and how fast",
     )
-    def probe(ctx: CommandContext, args: list[str]) -> None:
-        """Block at the point ``args[0]`` until the command's scope is cancelled.
+    def probe(ctx: CommandContext, args: Args) -> None:
+        """Block at the point ``args["point"]`` until the command's scope is cancelled.
 
         Runs on the command's worker thread with ``ctx.scope`` bound. Raises
         ``UsageError`` for anything but one known point, before it starts anything.
@@ -295,10 +294,7 @@ def probe_command(*, on_server: ServerObserver | None = None) -> Command:
         loopback server, client, process and thread the probe started is stopped
         before it returns, cut or not.
         """
-        if len(args) != 1 or args[0] not in _POINTS:
-            what = f"unknown point {args[0]!r}" if len(args) == 1 else "probe takes one POINT"
-            raise UsageError(f"{what}: one of {', '.join(POINTS)}; usage: {_USAGE}")
-        _POINTS[args[0]](ctx, announce)
+        _POINTS[args["point"]](ctx, announce)
 
     return probe
 

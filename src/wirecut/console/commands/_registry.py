@@ -1,26 +1,31 @@
 """Commands as values: ``Command``, ``CommandSet`` and the line parser (``shlex``, no shell).
 
-``@command(name, usage, summary)`` turns ``fn(ctx, args) -> None`` into a
-``Command`` value; nothing is registered anywhere. A runner is given the
-``CommandSet`` it accepts (``builtin_commands()`` for the console's own, plus
-any a host or a test adds with ``plus``), as click groups are given their
-commands. A multi-word command (``memory add``) is named by its full name and
-found by the longest match. ``CommandSet.parse(line)`` splits the line with
-``shlex`` and returns the command and its remaining words, or raises
-``UsageError`` naming what was wrong. Nothing here ever runs a shell.
+``@command(name, *params, summary=...)`` turns ``fn(ctx, args) -> None`` into
+a ``Command`` value whose parameters (``_params``: flags, options, arguments)
+give its usage line and parse its words into ``args``; nothing is
+registered anywhere. A runner is given the ``CommandSet`` it accepts
+(``builtin_commands()`` for the console's own, plus any a host or a test adds
+with ``plus``), as click groups are given their commands. A multi-word
+command (``memory add``) is named by its full name and found by the longest
+match. ``CommandSet.parse(line)`` splits the line with ``shlex`` (a
+command's free text excepted: it is kept as typed) and returns the command
+and its remaining words, or raises ``UsageError`` naming what was wrong.
+Nothing here ever runs a shell.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from wirecut.console.commands._context import CommandContext, UsageError
+from wirecut.console.commands._params import Args, Param, Params
 
 __all__ = ["Command", "CommandFn", "CommandSet", "command"]
 
-CommandFn = Callable[[CommandContext, list[str]], None]
+CommandFn = Callable[[CommandContext, Args], None]
 
 #: The most words a command's name has ("curator run" has two).
 MAX_NAME_WORDS = 3
@@ -28,28 +33,40 @@ MAX_NAME_WORDS = 3
 
 @dataclass(frozen=True)
 class Command:
-    """A console command: its full name, usage line, one-line summary and function.
+    """A console command: its full name, one-line summary, parameters and function.
 
-    Calling it calls the function, so a command is tested like one.
+    Calling it with the words after its name parses them (a ``UsageError``
+    if they misfit) and calls the function with the ``Args``, so a command
+    is tested like one.
     """
 
     name: str
-    usage: str
     summary: str
     fn: CommandFn
+    params: Params = field(default_factory=Params)
 
-    def __call__(self, ctx: CommandContext, args: list[str]) -> None:
-        self.fn(ctx, args)
+    @property
+    def usage(self) -> str:
+        """The usage line, from the parameters (``curator run [--yes] ...``)."""
+        return self.params.usage(self.name)
+
+    def usage_error(self, problem: str) -> UsageError:
+        """``UsageError("PROBLEM; usage: USAGE")``, for a problem the parameters cannot see."""
+        return UsageError(f"{problem}; usage: {self.usage}")
+
+    def __call__(self, ctx: CommandContext, words: list[str]) -> None:
+        self.fn(ctx, self.params.parse(words, self.usage))
 
 
-def command(name: str, *, usage: str, summary: str) -> Callable[[CommandFn], Command]:
-    """Make ``fn`` the console command ``name`` (words separated by one space)."""
+def command(name: str, *params: Param, summary: str) -> Callable[[CommandFn], Command]:
+    """Make ``fn`` the console command ``name`` (words separated by one space) taking ``params``."""
     words = name.split(" ")
     if not name or "" in words or len(words) > MAX_NAME_WORDS:
         raise ValueError(f"a command name is 1 to {MAX_NAME_WORDS} words, not {name!r}")
+    declared = Params(*params)
 
     def make(fn: CommandFn) -> Command:
-        return Command(name, usage, summary, fn)
+        return Command(name, summary, fn, declared)
 
     return make
 
@@ -88,7 +105,14 @@ class CommandSet:
         return self._by_name[name]
 
     def parse(self, line: str) -> tuple[Command, list[str]]:
-        """Split ``line`` into words and find its command (longest name first)."""
+        """Split ``line`` into words and find its command (longest name first).
+
+        A command whose last argument is free text gets its options, then
+        the rest of the line as typed, as its words (``Params.split``).
+        """
+        free = self._free_text(line)
+        if free is not None:
+            return free
         try:
             words = shlex.split(line)
         except ValueError as exc:  # an unclosed quote, a trailing backslash
@@ -103,3 +127,22 @@ class CommandSet:
         if group:
             raise UsageError(f"unknown {words[0]} command; usage: " + " | ".join(group))
         raise UsageError(f"unknown command {words[0]!r}: type `help` for the commands")
+
+    def _free_text(self, line: str) -> tuple[Command, list[str]] | None:
+        """The command and words of ``line`` if its longest name is a free-text command's."""
+        names = _NAME_WORDS.match(line)
+        words = [] if names is None else names[0].split()
+        for n in range(min(len(words), MAX_NAME_WORDS), 0, -1):
+            found = self._by_name.get(" ".join(words[:n]))
+            if found is None:
+                continue
+            if not found.params.takes_rest:
+                return None
+            after = re.match(rf"\s*(?:\S+\s+){{{n - 1}}}\S+", line)
+            assert after is not None  # the name's words are there
+            return found, found.params.split(line[after.end() :])
+        return None
+
+
+#: The words a command's name may be made of, at the start of a line.
+_NAME_WORDS = re.compile(rf"\s*(?:\S+(?:\s+|$)){{1,{MAX_NAME_WORDS}}}")

@@ -1,13 +1,14 @@
-"""The host: the runner core, ``CommandRunner``, the terminal record, and what they are made of.
+"""The host: the runner core, ``CommandRunner``, and what they are made of.
 
 Knows nothing about WebSockets: a server drives a runner from its event loop
-and gets each command's frames back through a ``CommandSink``.
+and gets each command's frames back through a ``CommandSink``. The terminal
+record a runner decides (``CompleteFacts``) is ``wirecut.record``'s.
 """
 
 from wirecut.console.runner._contract import CommandSink, Runner, RunnerObserver
 from wirecut.console.runner._core import (
     Accepted,
-    Command,
+    CommandRecord,
     Placement,
     Reporter,
     RunnerCore,
@@ -22,61 +23,33 @@ from wirecut.console.runner._lifecycle import (
 )
 from wirecut.console.runner._output import OutputBuffer, OutputFlusher, bind_output, route_stdio
 from wirecut.console.runner._pool import WorkerPool
-from wirecut.console.runner._record import (
-    COMMIT_OPEN_ERROR,
-    CompleteFacts,
-    Ending,
-    Lifecycle,
-    Reason,
-    Status,
-    TimelineStep,
-    UsageFacts,
-    decide,
-    make_timeline,
-)
 from wirecut.console.runner._runner import (
     CommandRunner,
     LocalCommand,
-    RunningCommand,
     ThreadPlacement,
 )
 
-#: The record a server reads (the core's ``Command``).
-CommandRecord = Command
-
 __all__ = [
-    "COMMIT_OPEN_ERROR",
     "TRANSITIONS",
     "Accepted",
-    "Command",
     "CommandEvent",
     "CommandLifecycle",
     "CommandRecord",
     "CommandRunner",
     "CommandSink",
     "CommandState",
-    "CompleteFacts",
-    "Ending",
-    "Lifecycle",
     "LifecycleError",
     "LocalCommand",
     "OutputBuffer",
     "OutputFlusher",
     "Placement",
-    "Reason",
     "Reporter",
     "Runner",
     "RunnerCore",
     "RunnerLimits",
     "RunnerObserver",
-    "RunningCommand",
-    "Status",
     "ThreadPlacement",
-    "TimelineStep",
-    "UsageFacts",
     "WorkerPool",
     "bind_output",
-    "decide",
-    "make_timeline",
     "route_stdio",
 ]

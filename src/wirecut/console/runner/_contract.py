@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from wirecut.console.commands import CommandSet, Session, Stream
 
 if TYPE_CHECKING:
-    from wirecut.console.runner._core import Command
-    from wirecut.console.runner._record import CompleteFacts
+    from wirecut.console.runner._core import CommandRecord
+    from wirecut.record import CompleteFacts
 
 __all__ = ["CommandSink", "Runner", "RunnerObserver"]
 
@@ -26,13 +26,13 @@ class CommandSink(Protocol):
     ``complete`` comes exactly once per accepted command, and last.
     """
 
-    def started(self, command: Command) -> None: ...
+    def started(self, command: CommandRecord) -> None: ...
 
-    def output(self, command: Command, stream: Stream, data: str) -> None: ...
+    def output(self, command: CommandRecord, stream: Stream, data: str) -> None: ...
 
-    def confirm_required(self, command: Command, message: str) -> None: ...
+    def confirm_required(self, command: CommandRecord, message: str) -> None: ...
 
-    def complete(self, command: Command, facts: CompleteFacts) -> None: ...
+    def complete(self, command: CommandRecord, facts: CompleteFacts) -> None: ...
 
 
 class RunnerObserver(Protocol):
@@ -67,16 +67,16 @@ class Runner(Protocol):
         sink: CommandSink,
         *,
         timeout: float | None = None,
-    ) -> Command:
+    ) -> CommandRecord:
         """Accept ``line`` as command ``id``; its news goes to ``sink``."""
 
-    def cancel(self, command: Command, reason: str) -> bool:
+    def cancel(self, command: CommandRecord, reason: str) -> bool:
         """Cancel with ``reason`` (first reason wins); False if already cancelled or done."""
 
-    def cancel_all(self, commands: Iterable[Command], reason: str) -> int:
+    def cancel_all(self, commands: Iterable[CommandRecord], reason: str) -> int:
         """Cancel each of ``commands`` in one pass, the cuts first; how many this cancelled."""
 
-    def confirm(self, command: Command) -> bool:
+    def confirm(self, command: CommandRecord) -> bool:
         """The client confirmed; False if the command is not waiting for a confirmation."""
 
     def health(self) -> dict[str, Any]:

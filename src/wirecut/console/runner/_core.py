@@ -6,7 +6,7 @@ command's work runs, is a ``Placement``: this machine's worker threads
 (``_runner.ThreadPlacement``) or a cluster's command hosts
 (``wirecut.console.cluster``). The core owns, for every placement:
 
-- the records (``Command``) from ``submit`` to their one ``complete``, the
+- the records (``CommandRecord``) from ``submit`` to their one ``complete``, the
   lifecycle events the core itself fires (CANCEL, DROP, REJECT), and the
   ids of runs that came without one;
 - the cancel: first reason wins; the placement cuts at once and says whether
@@ -28,13 +28,11 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, Self, TypeVar
 
 from wirecut.console._limits import RunnerLimits
 from wirecut.console.commands import (
-    Command as CommandValue,
-)
-from wirecut.console.commands import (
+    Command,
     CommandContext,
     CommandError,
     CommandSet,
@@ -43,11 +41,11 @@ from wirecut.console.commands import (
 from wirecut.console.runner._contract import CommandSink, RunnerObserver
 from wirecut.console.runner._lifecycle import CommandEvent, CommandLifecycle, CommandState
 from wirecut.console.runner._output import OutputBuffer, OutputFlusher, call_soon
-from wirecut.console.runner._record import CompleteFacts, Lifecycle, Reason
+from wirecut.record import CompleteFacts, LifecycleFacts, Reason
 
 __all__ = [
     "Accepted",
-    "Command",
+    "CommandRecord",
     "Placement",
     "Reporter",
     "RunnerCore",
@@ -60,7 +58,7 @@ _log = logging.getLogger("wirecut.console")
 
 #: What a command runs: a parsed line (the command and its words), or a
 #: callable run under the command's scope (a cluster host's model request).
-Work = tuple[CommandValue, list[str]] | Callable[[CommandContext], Any]
+Work = tuple[Command, list[str]] | Callable[[CommandContext], Any]
 
 
 @dataclass(frozen=True)
@@ -77,7 +75,7 @@ class Accepted:
 
 
 @dataclass(eq=False, kw_only=True)
-class Command:
+class CommandRecord:
     """The core's record of one accepted command (read it; only runners change it).
 
     A placement extends it with what its own work needs (``LocalCommand``,
@@ -90,7 +88,7 @@ class Command:
     sink: CommandSink
     lifecycle: CommandLifecycle
     timeout: float
-    placement: Placement | None = None
+    placement: Placement[Any] | None = None
     accepted_at: float = field(default_factory=time.monotonic)
     output: OutputBuffer | None = None
     #: The first reason the runner cancelled it with (None: it was not cancelled).
@@ -103,7 +101,7 @@ class Command:
     timeout_handle: asyncio.TimerHandle | None = None
 
     @classmethod
-    def of(cls, accepted: Accepted, placement: Placement | None, **fields: Any) -> Command:
+    def of(cls, accepted: Accepted, placement: Placement[Any] | None, **fields: Any) -> Self:
         """The record of ``accepted`` (a subclass passes its own ``fields``)."""
         return cls(
             id=accepted.id,
@@ -128,36 +126,40 @@ class Command:
 class Reporter(Protocol):
     """What a placement tells its runner about a command's work; on the event loop."""
 
-    def started(self, command: Command) -> None:
+    def started(self, command: CommandRecord) -> None:
         """The work began (the ``started`` frame; the timeout starts now)."""
 
-    def confirm_required(self, command: Command, message: str) -> None:
+    def confirm_required(self, command: CommandRecord, message: str) -> None:
         """The work asks the client to confirm."""
 
 
-class Placement(Protocol):
-    """Where commands' work runs. Every method is called on the event loop."""
+#: The record a placement keeps of each command it runs.
+R = TypeVar("R", bound=CommandRecord)
 
-    def record(self, accepted: Accepted) -> Command:
+
+class Placement(Protocol[R]):
+    """Where commands' work runs, and the record (``R``) it keeps of each. Event loop only."""
+
+    def record(self, accepted: Accepted) -> R:
         """The record of a command accepted for this placement (not launched yet)."""
 
-    def launch(self, command: Command) -> None:
+    def launch(self, command: R) -> None:
         """Start (or queue) the work of ``command``."""
 
-    def cut(self, command: Command, reason: Reason) -> None:
+    def cut(self, command: R, reason: Reason) -> None:
         """Cut the work's wires now (sockets, processes, a control message); nothing else.
 
         The first half of a cancel, and the only one on the hot path: a burst
         runs it for every command before any ``cancel``. Never blocks.
         """
 
-    def cancel(self, command: Command, reason: Reason) -> bool:
+    def cancel(self, command: R, reason: Reason) -> bool:
         """The rest of a cut command's cancel, never blocking; True if it never ran nor will."""
 
-    def confirm(self, command: Command) -> bool:
+    def confirm(self, command: R) -> bool:
         """Pass on the client's confirmation; False if the work is not asking."""
 
-    async def settle(self, command: Command) -> CompleteFacts:
+    async def settle(self, command: R) -> CompleteFacts:
         """Wait until the work ended (by itself, or cut, within the unwind bound); its facts."""
 
 
@@ -183,18 +185,18 @@ class RunnerCore:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flusher: OutputFlusher | None = None  # made by start(), on the loop
         # Commands whose complete was not sent yet.
-        self._commands: set[Command] = set()
+        self._commands: set[CommandRecord] = set()
         self._drivers: set[asyncio.Task[None]] = set()
         self._ids = itertools.count(1)
         self._closing = False
 
     # -- for subclasses -------------------------------------------------------------------
 
-    def _route(self, line: str) -> tuple[Placement, Work]:
+    def _route(self, line: str) -> tuple[Placement[Any], Work]:
         """Where ``line`` runs and what it runs; ``CommandError`` if it does not parse."""
         raise NotImplementedError
 
-    def _call_placement(self) -> Placement:
+    def _call_placement(self) -> Placement[Any]:
         """The placement of ``submit_call``'s callables."""
         raise NotImplementedError
 
@@ -231,7 +233,7 @@ class RunnerCore:
         sink: CommandSink,
         *,
         timeout: float | None = None,
-    ) -> Command:
+    ) -> CommandRecord:
         """Accept ``line`` as command ``id``; its news goes to ``sink``.
 
         ``timeout`` (seconds of running time) is capped by the command
@@ -255,7 +257,7 @@ class RunnerCore:
         *,
         timeout: float | None = None,
         label: str = "",
-    ) -> Command:
+    ) -> CommandRecord:
         """Accept ``fn(ctx)`` as command ``id``: a callable run like a command, under its scope.
 
         ``label`` stands for the line in ``jobs`` and logs. The value ``fn``
@@ -265,7 +267,7 @@ class RunnerCore:
         accepted = Accepted(id, label, fn, session, sink, self._limit(timeout))
         return self._accept(self._call_placement().record(accepted))
 
-    def cancel(self, command: Command, reason: str) -> bool:
+    def cancel(self, command: CommandRecord, reason: str) -> bool:
         """Cancel ``command`` with ``reason``; False if it was cancelled or decided already.
 
         The first reason wins. Never blocks: the placement's cut is shutdowns,
@@ -281,7 +283,7 @@ class RunnerCore:
             self._after_cut(command, why)
         return True
 
-    def cancel_all(self, commands: Iterable[Command], reason: str) -> int:
+    def cancel_all(self, commands: Iterable[CommandRecord], reason: str) -> int:
         """Cancel each of ``commands`` with ``reason`` in one pass; how many this cancelled.
 
         Every cut comes first, then the bookkeeping of each (its lifecycle,
@@ -291,7 +293,7 @@ class RunnerCore:
         """
         why = Reason(reason)
         commands = list(commands)
-        claimed: list[Command] = []
+        claimed: list[CommandRecord] = []
         failed: BaseException | None = None
         try:
             for command in commands:
@@ -311,7 +313,7 @@ class RunnerCore:
             raise failed
         return len(claimed)
 
-    def _claim(self, command: Command, why: Reason) -> bool:
+    def _claim(self, command: CommandRecord, why: Reason) -> bool:
         """Take ``command`` for this cancel; False if cancelled or decided already."""
         if command.reason is not None or command.state is CommandState.DONE:
             return False
@@ -319,19 +321,19 @@ class RunnerCore:
         command.cancelled_at = time.monotonic()
         return True
 
-    def _after_cut(self, command: Command, why: Reason) -> None:
+    def _after_cut(self, command: CommandRecord, why: Reason) -> None:
         command.lifecycle.fire(CommandEvent.CANCEL)
         if _placement(command).cancel(command, why):
             command.lifecycle.fire(CommandEvent.DROP)
         command.wake.set()
 
-    def confirm(self, command: Command) -> bool:
+    def confirm(self, command: CommandRecord) -> bool:
         """The client confirmed; False if the command is not waiting for a confirmation."""
         if command.placement is None or command.state is not CommandState.RUNNING:
             return False
         return command.placement.confirm(command)
 
-    def live(self, session: Session | None = None) -> list[Command]:
+    def live(self, session: Session | None = None) -> list[CommandRecord]:
         """Commands not yet completed (of ``session``, if given), oldest first."""
         found = [
             c
@@ -350,7 +352,7 @@ class RunnerCore:
 
     # -- Reporter (placements call these on the loop) ----------------------------------------
 
-    def started(self, command: Command) -> None:
+    def started(self, command: CommandRecord) -> None:
         if command.state is CommandState.DONE:
             return
         command.sink.started(command)
@@ -359,7 +361,7 @@ class RunnerCore:
                 command.timeout, self.cancel, command, Reason.TIMEOUT
             )
 
-    def confirm_required(self, command: Command, message: str) -> None:
+    def confirm_required(self, command: CommandRecord, message: str) -> None:
         if command.state is CommandState.RUNNING:
             if command.output is not None:
                 # What the work wrote before it asked is still being coalesced:
@@ -379,7 +381,7 @@ class RunnerCore:
         limit = self.limits.command_timeout
         return limit if timeout is None else min(timeout, limit)
 
-    def _with_output(self, command: Command) -> Command:
+    def _with_output(self, command: CommandRecord) -> CommandRecord:
         sink = command.sink
         command.output = OutputBuffer(
             self.loop,
@@ -390,7 +392,7 @@ class RunnerCore:
         self._commands.add(command)
         return command
 
-    def _accept(self, command: Command) -> Command:
+    def _accept(self, command: CommandRecord) -> CommandRecord:
         self._with_output(command)
         assert command.placement is not None
         command.placement.launch(command)
@@ -401,9 +403,9 @@ class RunnerCore:
 
     def _reject(
         self, id: str, line: str, session: Session, sink: CommandSink, limit: float, message: str
-    ) -> Command:
+    ) -> CommandRecord:
         # The one record with no placement: nothing will run it.
-        command = Command(
+        command = CommandRecord(
             id=id,
             line=line,
             session=session,
@@ -417,7 +419,7 @@ class RunnerCore:
         self.loop.call_soon(lambda: self._complete(command, facts.replace(elapsed_ms=_ms(command))))
         return command
 
-    async def _drive(self, command: Command) -> None:
+    async def _drive(self, command: CommandRecord) -> None:
         assert command.placement is not None
         try:
             facts = await command.placement.settle(command)
@@ -432,11 +434,11 @@ class RunnerCore:
                 f"{type(exc).__name__}: {exc}",
                 elapsed_ms=_ms(command),
                 reason=command.reason,
-                lifecycle=Lifecycle.unknown(),
+                lifecycle=LifecycleFacts.unknown(),
             )
         self._complete(command, facts)
 
-    def _complete(self, command: Command, facts: CompleteFacts) -> None:
+    def _complete(self, command: CommandRecord, facts: CompleteFacts) -> None:
         """Send the one ``complete`` of ``command``; output after it is dropped."""
         command.completed_at = time.monotonic()
         if command.timeout_handle is not None:
@@ -461,10 +463,10 @@ class _NoObserver:
         pass
 
 
-def _placement(command: Command) -> Placement:
+def _placement(command: CommandRecord) -> Placement[Any]:
     assert command.placement is not None  # a rejected line is DONE already
     return command.placement
 
 
-def _ms(command: Command) -> float:
+def _ms(command: CommandRecord) -> float:
     return round(command.elapsed_ms, 3)

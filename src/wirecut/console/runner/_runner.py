@@ -14,7 +14,7 @@ otherwise the runner waits for the worker for at most ``unwind_timeout`` and
 only then decides the ``complete``, with the facts read from the scope's
 ledger at that moment. A worker still running then is reported
 ``worker_exited: false``, counted as leaked, and its thread is replaced in the
-pool. The status follows how the worker ended (``_record.decide``): a command
+pool. The status follows how the worker ended (``wirecut.record.decide``): a command
 that returned, or whose commit section passed, completes ``ok`` with the
 cancel as ``late_cancel``.
 """
@@ -30,7 +30,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from wirecut._record import unwind_timeline, usage_facts
 from wirecut.console.commands import (
     CommandContext,
     CommandError,
@@ -41,7 +40,8 @@ from wirecut.console.commands import (
 from wirecut.console.runner._contract import RunnerObserver
 from wirecut.console.runner._core import (
     Accepted,
-    Command,
+    CommandRecord,
+    Placement,
     Reporter,
     RunnerCore,
     RunnerLimits,
@@ -51,22 +51,24 @@ from wirecut.console.runner._core import (
 from wirecut.console.runner._lifecycle import CommandEvent, CommandState
 from wirecut.console.runner._output import LoopInbox, bind_output
 from wirecut.console.runner._pool import WorkerPool
-from wirecut.console.runner._record import (
+from wirecut.provider import ProviderError, Usage
+from wirecut.record import (
     CompleteFacts,
     Ending,
-    Lifecycle,
+    LifecycleFacts,
     Reason,
+    unwind_timeline,
+    usage_facts,
 )
-from wirecut.provider import ProviderError, Usage
 from wirecut.scope import Interrupted, InterruptScope
 
-__all__ = ["CommandRunner", "LocalCommand", "RunningCommand", "ThreadPlacement"]
+__all__ = ["CommandRunner", "LocalCommand", "ThreadPlacement"]
 
 _log = logging.getLogger("wirecut.console")
 
 
 @dataclass(eq=False, kw_only=True)
-class LocalCommand(Command):
+class LocalCommand(CommandRecord):
     """A command whose work runs on a worker thread of this process."""
 
     work: Work
@@ -85,11 +87,7 @@ class LocalCommand(Command):
     result: Any = None
 
 
-#: The name this record had before the runners shared their core.
-RunningCommand = LocalCommand
-
-
-class ThreadPlacement:
+class ThreadPlacement(Placement[LocalCommand]):
     """Runs commands on a ``WorkerPool`` of this process, each under its own scope.
 
     ``services`` and ``commands`` are what every command's context gets;
@@ -127,39 +125,32 @@ class ThreadPlacement:
 
     def record(self, accepted: Accepted) -> LocalCommand:
         scope = InterruptScope(f"command-{accepted.id}")
-        command = LocalCommand.of(accepted, self, work=accepted.work, scope=scope)
-        assert isinstance(command, LocalCommand)
-        return command
+        return LocalCommand.of(accepted, self, work=accepted.work, scope=scope)
 
-    def launch(self, command: Command) -> None:
-        assert isinstance(command, LocalCommand)
+    def launch(self, command: LocalCommand) -> None:
         assert command.output is not None
         bind_output(command.scope, command.output)
         self._live.add(command)
         command.future = self.pool.submit(self._work, command)
         command.future.add_done_callback(lambda _: self._worker_done(command))
 
-    def cut(self, command: Command, reason: Reason) -> None:
-        assert isinstance(command, LocalCommand)
+    def cut(self, command: LocalCommand, reason: Reason) -> None:
         command.scope.cancel(reason)
 
-    def cancel(self, command: Command, reason: Reason) -> bool:
-        assert isinstance(command, LocalCommand)
+    def cancel(self, command: LocalCommand, reason: Reason) -> bool:
         assert command.future is not None
         # Cut already: this call only schedules the escalation.
         command.scope.cancel(reason, escalate_after=self.limits.escalation)
         return command.future.cancel()
 
-    def confirm(self, command: Command) -> bool:
-        assert isinstance(command, LocalCommand)
+    def confirm(self, command: LocalCommand) -> bool:
         event = command.confirm_event
         if event is None or event.is_set():
             return False
         event.set()
         return True
 
-    async def settle(self, command: Command) -> CompleteFacts:
-        assert isinstance(command, LocalCommand)
+    async def settle(self, command: LocalCommand) -> CompleteFacts:
         assert command.future is not None
         await command.wake.wait()
         unwind = self.limits.unwind_timeout
@@ -219,7 +210,7 @@ class ThreadPlacement:
             self._live.discard(command)
         ran_and_exited = command.worker_exited_at if command.ran else None
         steps = unwind_timeline(scope, ran_and_exited)
-        lifecycle = Lifecycle(
+        lifecycle = LifecycleFacts(
             worker_exited=exited,
             open_requests=counts["sockets"],
             open_processes=counts["processes"],
@@ -297,7 +288,7 @@ class ThreadPlacement:
                 command.result = work(context)
             else:
                 found, args = work
-                found.fn(context, args)
+                found(context, args)
 
         command.scope.run(body)
 

@@ -14,7 +14,7 @@ Proof. ``wirecut console`` finds a local console through ``serve.json``; if
 that server died and another program took its port, sending it the token
 would hand the token over. So the client first sends a random challenge to
 ``/api/proof`` (no token needed) and checks the answer, an HMAC of the
-challenge keyed by the token (``proof``), before it sends ``Authorization``
+challenge keyed by the token (``wirecut.record.proof``), before it sends ``Authorization``
 (docs/protocol.md, "/api/proof").
 
 Event loop only (``HostGuard``); the functions are pure.
@@ -22,10 +22,7 @@ Event loop only (``HostGuard``); the functions are pure.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import ipaddress
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -34,29 +31,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 __all__ = [
     "LOOPBACK_NAMES",
-    "PROOF_CHALLENGE",
     "HostGuard",
     "HostPolicy",
     "host_name_problem",
-    "proof",
 ]
 
 #: The names a console bound to loopback answers to (besides its own bound address).
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-#: A challenge for ``/api/proof``: 32 to 128 URL-safe characters.
-PROOF_CHALLENGE = re.compile(r"[A-Za-z0-9_-]{32,128}")
-_PROOF_DOMAIN = b"wirecut-console-proof/1"
 _WILDCARDS = {"", "0.0.0.0", "::"}
-
-
-def proof(token: str, instance: str, challenge: str) -> str:
-    """The HMAC-SHA256 (hex) that proves knowing ``token``; the client computes the same.
-
-    ``instance`` is the server's random id (in ``serve.json``): a proof made by
-    another live console that happens to share the token does not pass.
-    """
-    message = b"\0".join([_PROOF_DOMAIN, instance.encode(), challenge.encode()])
-    return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
 
 
 def _normalize(name: str) -> str:

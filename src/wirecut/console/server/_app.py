@@ -34,17 +34,14 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
 from wirecut.console.runner import Runner, route_stdio
-from wirecut.console.server._access import PROOF_CHALLENGE, HostGuard, HostPolicy, proof
+from wirecut.console.server._access import HostGuard, HostPolicy
 from wirecut.console.server._catalog import catalog
 from wirecut.console.server._connection import Connection
-from wirecut.console.server._limits import ConnectionGuard, ConnectionLimits, Dropped
 from wirecut.console.server._metrics import CONTENT_TYPE, ConsoleMetrics
+from wirecut.record import CLOSE_FORBIDDEN_ORIGIN, CLOSE_UNAUTHORIZED, PROOF_CHALLENGE, proof
+from wirecut.serving import ConnectionGuard, ConnectionLimits, Dropped
 
 __all__ = ["ConsoleState", "create_app"]
-
-#: WebSocket close codes of the protocol.
-CLOSE_UNAUTHORIZED = 4401
-CLOSE_FORBIDDEN_ORIGIN = 4403
 
 _STATIC = importlib.resources.files("wirecut.console") / "static"
 

@@ -15,20 +15,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from wirecut.console.commands import Command
-from wirecut.scope import TimelineEvent
+from wirecut.record import TIMELINE_EVENTS
 
 __all__ = ["TIMELINE_EVENTS", "catalog"]
-
-#: Every event a ``complete``'s timeline may hold, in the order an unwind goes:
-#: the scope's own, then the runner's ``worker_exited`` and the steps a Ray host
-#: adds (docs/protocol.md, "Extensions").
-TIMELINE_EVENTS: tuple[str, ...] = (
-    *(event.value for event in TimelineEvent),
-    "host_cancelled",
-    "host_killed",
-    "host_worker_exited",
-    "worker_exited",
-)
 
 
 def _label(event: str) -> str:

@@ -27,21 +27,19 @@ from typing import Any
 
 from starlette.websockets import WebSocket
 
-from wirecut import __version__
+from wirecut import __version__, record
 from wirecut.console.commands import Session, Stream
-from wirecut.console.runner import CommandRecord, CommandState, CompleteFacts, Runner
-from wirecut.console.server._frames import Cancel, Confirm, FrameError, Ping, Run, parse_frame
-from wirecut.console.server._limits import TRANSPORT_EXTENSION
+from wirecut.console.runner import CommandRecord, CommandState, Runner
+from wirecut.record import CompleteFacts
+from wirecut.serving import TRANSPORT_EXTENSION
 
-__all__ = ["CLOSE_SLOW_READER", "FRAME_OVERHEAD", "MAX_LIVE_COMMANDS", "PROMPT", "Connection"]
+__all__ = ["FRAME_OVERHEAD", "MAX_LIVE_COMMANDS", "PROMPT", "Connection"]
 
 _log = logging.getLogger("wirecut.console")
 
-PROMPT = "wirecut> "
+PROMPT = record.DEFAULT_PROMPT
 #: Commands one connection may have accepted and not completed at once.
 MAX_LIVE_COMMANDS = 256
-#: The close code for a client whose unsent frames passed the outbox bound.
-CLOSE_SLOW_READER = 4429
 #: What a queued frame costs besides its characters (the str object, the queue slot).
 FRAME_OVERHEAD = 64
 
@@ -78,7 +76,7 @@ class Connection:
     async def serve(self) -> None:
         """Run the connection until the client leaves; then cancel what it left running."""
         self._sender = asyncio.get_running_loop().create_task(self._send_loop())
-        self.send({"type": "ready", "version": __version__, "prompt": PROMPT})
+        self.send(record.ready_frame(__version__, PROMPT))
         try:
             while True:
                 message = await self.websocket.receive()
@@ -118,8 +116,8 @@ class Connection:
 
     def handle(self, text: str) -> None:
         try:
-            frame = parse_frame(text)
-        except FrameError as exc:
+            frame = record.parse_frame(text)
+        except record.FrameError as exc:
             # A run frame's error is its refusal and carries its id; an id of
             # a cancel or confirm is named only while live (after its
             # complete, nothing more carries it).
@@ -128,16 +126,16 @@ class Connection:
             else:
                 self.error(str(exc), exc.id)
             return
-        if isinstance(frame, Ping):
-            self.send({"type": "pong"})
-        elif isinstance(frame, Run):
+        if isinstance(frame, record.PingFrame):
+            self.send(record.pong_frame())
+        elif isinstance(frame, record.RunFrame):
             self._run(frame)
-        elif isinstance(frame, Cancel):
+        elif isinstance(frame, record.CancelFrame):
             self._cancel(frame)
-        elif isinstance(frame, Confirm):
+        elif isinstance(frame, record.ConfirmFrame):
             self._confirm(frame)
 
-    def _run(self, frame: Run) -> None:
+    def _run(self, frame: record.RunFrame) -> None:
         if frame.id is not None:
             id = frame.id
         else:
@@ -159,9 +157,9 @@ class Connection:
             self.error(str(exc), id)
             return
         self._commands[id] = command
-        self.send({"type": "accepted", "id": id, "queued": queued})
+        self.send(record.accepted_frame(id, queued))
 
-    def _cancel(self, frame: Cancel) -> None:
+    def _cancel(self, frame: record.CancelFrame) -> None:
         if frame.id is None:
             self.runner.cancel_all(self._commands.values(), "user")
             return
@@ -171,7 +169,7 @@ class Connection:
             return
         self.runner.cancel(found, "user")
 
-    def _confirm(self, frame: Confirm) -> None:
+    def _confirm(self, frame: record.ConfirmFrame) -> None:
         command = self._commands.get(frame.id)
         if command is None:
             self._not_live(f"no live command with id {frame.id!r}", frame.id)
@@ -181,23 +179,23 @@ class Connection:
     # -- CommandSink (the runner's news) --------------------------------------------------
 
     def started(self, command: CommandRecord) -> None:
-        self.send({"type": "started", "id": command.id})
+        self.send(record.started_frame(command.id))
 
     def output(self, command: CommandRecord, stream: Stream, data: str) -> None:
-        self.send({"type": "output", "id": command.id, "stream": stream, "data": data})
+        self.send(record.output_frame(command.id, stream, data))
 
     def confirm_required(self, command: CommandRecord, message: str) -> None:
-        self.send({"type": "confirm_required", "id": command.id, "message": message})
+        self.send(record.confirm_required_frame(command.id, message))
 
     def complete(self, command: CommandRecord, facts: CompleteFacts) -> None:
         if self._commands.get(command.id) is command:
             del self._commands[command.id]
-        self.send({"type": "complete", "id": command.id, **facts.to_wire()})
+        self.send(record.complete_frame(command.id, facts))
 
     # -- frames out ----------------------------------------------------------------------
 
     def error(self, message: str, id: str | None = None) -> None:
-        self.send({"type": "error", "id": id, "message": message})
+        self.send(record.error_frame(message, id))
 
     def _not_live(self, message: str, id: str) -> None:
         # `complete` is the last frame for an id: an error about an id that
@@ -205,7 +203,7 @@ class Connection:
         # id in its message and in "ref" (docs/protocol.md).
         if repr(id) not in message:
             message = f"{message} (id {id!r} is not live)"
-        self.send({"type": "error", "id": None, "message": message, "ref": id})
+        self.send(record.error_frame(message, ref=id))
 
     def send(self, frame: dict[str, Any]) -> None:
         if self.closed:
@@ -243,7 +241,7 @@ class Connection:
         try:
             async with asyncio.timeout(self.close_timeout):
                 await self.websocket.close(
-                    CLOSE_SLOW_READER,
+                    record.CLOSE_SLOW_READER,
                     f"this client did not read its frames (more than {self.max_outbox} bytes "
                     "waited); its commands were cancelled",
                 )

@@ -14,8 +14,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from wirecut.console.runner import CompleteFacts, Runner
+from wirecut.console.runner import Runner
 from wirecut.console.server._slot_watch import SlotWatch
+from wirecut.record import CompleteFacts
 
 __all__ = ["CONTENT_TYPE", "ConsoleMetrics"]
 

@@ -15,7 +15,7 @@ its proofs to. uvicorn's log lines are passed through a filter that hides
 The stop. uvicorn's own shutdown closes every WebSocket at once (code 1012),
 which would end the commands as "disconnect" with no ``complete`` sent. So
 the server's ``before_shutdown`` (``ConsoleState.shutdown``, run by
-``wirecut._uvicorn.Server``) first cancels every command with reason
+``wirecut.serving.Server``) first cancels every command with reason
 "shutdown", waits (within the unwind bound) until each has its ``complete``,
 lets the frames go out, and only then hands over to uvicorn. The signal
 handler itself only sets a flag (uvicorn's): ``scope.cancel()`` takes a lock
@@ -35,35 +35,35 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import uvicorn
 
-from wirecut._uvicorn import Server, ServerThread, http_base
 from wirecut.console.commands import CommandSet, Services
 from wirecut.console.runner import CommandRunner, Runner, RunnerLimits
 from wirecut.console.server._access import HostPolicy
 from wirecut.console.server._app import ConsoleState, create_app
-from wirecut.console.server._limits import (
+from wirecut.console.server._metrics import ConsoleMetrics
+from wirecut.console.server._slot_watch import SlotWatch
+from wirecut.launch import Provider
+from wirecut.provider import DEFAULT_MAX_TOKENS, ProviderSpec
+from wirecut.serving import (
+    BackgroundServer,
     ConnectionGuard,
     ConnectionLimits,
     Dropped,
     GuardedConfig,
+    Server,
+    ServerThread,
     descriptor_limit,
+    http_base,
     raise_descriptor_limit,
 )
-from wirecut.console.server._metrics import ConsoleMetrics
-from wirecut.console.server._slot_watch import SlotWatch
-from wirecut.provider import DEFAULT_MAX_TOKENS, ProviderSpec
 
 __all__ = [
     "ConsoleConfig",
     "ConsoleServer",
-    "Provider",
-    "ProviderUnavailable",
     "RunnerFactory",
-    "resolve_provider",
     "serve_forever",
 ]
 
@@ -99,6 +99,10 @@ class ConsoleConfig:
     api_key: str | None = None
     #: max_tokens of one chat reply.
     max_tokens: int = DEFAULT_MAX_TOKENS
+    #: Seconds between two reads of a streaming reply: each takes every token that
+    #: came meanwhile, so a reply is shown 12 times a second (its first token at
+    #: once) and a token costs a fraction of a worker's wake-up instead of one.
+    read_interval: float = 0.08
     #: Host names it answers to besides the ones it is bound to (``--allowed-host``).
     allowed_hosts: tuple[str, ...] = ()
     #: Bounds on connections, timeouts included (docs/security.md).
@@ -107,7 +111,12 @@ class ConsoleConfig:
     def provider_spec(self, provider: Provider) -> ProviderSpec:
         """The one description of ``provider`` that the services and any host share."""
         return ProviderSpec(
-            provider.base_url, self.api_key, provider.model, provider.label, self.max_tokens
+            provider.base_url,
+            self.api_key,
+            provider.model,
+            provider.label,
+            self.max_tokens,
+            read_interval=self.read_interval,
         )
 
     @property
@@ -119,75 +128,6 @@ class ConsoleConfig:
             unwind_timeout=self.unwind_timeout,
             escalate_after=self.escalate_after,
         )
-
-
-class ProviderUnavailable(Exception):
-    """No provider could be started; the message says why, in one line."""
-
-
-@dataclass
-class Provider:
-    """The provider the console's commands talk to, and how to stop it if we started it."""
-
-    base_url: str
-    model: str | None
-    label: str
-    note: str | None = None
-    stop: Callable[[], None] = lambda: None
-
-
-def resolve_provider(
-    url: str | None,
-    model: str | None,
-    data_dir: Path,
-    *,
-    embedded: str = "auto",
-    source: str | None = None,
-    local_model: str = "smollm2",
-    local_threads: int | None = None,
-    echo: Callable[[str], None] | None = None,
-) -> Provider:
-    """The provider at ``url``; with none, the embedded llama.cpp if installed, else the simulator.
-
-    ``embedded`` is "auto", "local" or "simulator" (which one to start with no URL).
-    ``source`` says where ``url`` came from (``--provider-url``,
-    ``WIRECUT_PROVIDER_URL``, ``OPENAI_BASE_URL``) for the banner.
-    ``local_model`` is the embedded llama.cpp's model ("smollm2", "gemma" or a
-    ``.gguf`` path; docs/local-model.md), ``local_threads`` its llama.cpp
-    threads (None: ``default_threads()``); ``echo`` gets its fetch's progress
-    line and the line saying it fell back to Gemma.
-    """
-    if url:
-        base = url.rstrip("/")
-        return Provider(base, model, f"{base} (from {source or 'the caller'})")
-    from wirecut.local import LocalError, LocalServer, is_available
-
-    if embedded == "local" or (embedded == "auto" and is_available()):
-        server = LocalServer(local_model, echo=echo, threads=local_threads)
-        try:
-            server.start()
-        except LocalError as exc:
-            raise ProviderUnavailable(f"the embedded llama.cpp did not start: {exc}") from None
-        chosen = server.local_model
-        assert chosen is not None  # resolved by start()
-        return Provider(
-            server.base_url,
-            model or chosen.name,
-            f"embedded llama.cpp at {server.base_url} ({chosen.name}, {chosen.path}, "
-            f"{server.threads} thread{'s' if server.threads != 1 else ''})",
-            note=chosen.note,
-            stop=server.stop,
-        )
-    from wirecut.simulator import SimConfig, SimulatorServer
-
-    sim = SimulatorServer(SimConfig(slots=2, tokens_per_second=30, prompt_ms=200))
-    sim.start()
-    return Provider(
-        sim.base_url,
-        model,
-        f"built-in simulator at {sim.base_url} (install the extra `local` for a real model)",
-        stop=sim.stop,
-    )
 
 
 def build_state(
@@ -302,7 +242,7 @@ def _http_url(host: str, port: int) -> str:
     return http_base(host, port) + "/"
 
 
-class ConsoleServer:
+class ConsoleServer(BackgroundServer):
     """A console served by uvicorn on a background thread, for tests, ``repro`` and ``bench``.
 
     ::
@@ -332,7 +272,7 @@ class ConsoleServer:
             before_shutdown=self.state.shutdown,
         )
 
-    def start(self, timeout: float = 10.0) -> ConsoleServer:
+    def start(self, timeout: float = 10.0) -> Self:
         """Listen; RuntimeError naming the cause if it cannot (see ``ServerThread``)."""
         self._thread.start(timeout)
         return self
@@ -341,25 +281,14 @@ class ConsoleServer:
         """End every command (each gets its complete), stop uvicorn and join its thread."""
         self._thread.stop(timeout)
 
-    def __enter__(self) -> ConsoleServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     @property
-    def port(self) -> int:
-        return self._thread.address[1]
+    def address(self) -> tuple[str, int]:
+        return self._thread.address
 
     @property
     def url(self) -> str:
         """``http://HOST:PORT/``: the page."""
-        return _http_url(*self._thread.address)
+        return _http_url(*self.address)
 
     @property
     def ws_url(self) -> str:

@@ -59,7 +59,7 @@ import anyio.streams.tls
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from wirecut.console.runner import CompleteFacts, Status
+from wirecut.record import CompleteFacts, Status
 
 __all__ = ["MIN_INTERVAL", "SETTLE", "WATCH_LIMIT", "SlotWatch"]
 
