@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import select
@@ -30,7 +31,8 @@ import pytest
 from _loopback import Exchange, LoopbackServer
 from test_proxy import BOUND, ENDLESS, MESSAGES, Setup, chat, post, proxied, read_response
 from wirecut.provider import ResponseLimits
-from wirecut.proxy import ProxyConfig, ProxyServer, RecordReason
+from wirecut.proxy import PROXY_CONNECTION_LIMITS, ProxyConfig, ProxyServer, RecordReason
+from wirecut.serving import ConnectionLimits
 from wirecut.simulator import EventKind, SimConfig, SimulatorServer
 
 
@@ -459,3 +461,77 @@ def test_the_first_cancel_reason_wins(tmp_path: Path) -> None:
         conn.close()
     assert (first, second) == (True, False)
     assert (record["status"], record["reason"]) == ("timeout", "timeout")
+
+
+# -- connections: the console's guards (wirecut.serving), on the proxy's httptools ---------------
+
+
+def limits(**changes: Any) -> ConnectionLimits:
+    return dataclasses.replace(PROXY_CONNECTION_LIMITS, **changes)
+
+
+def test_a_connection_that_never_finishes_its_head_is_closed(tmp_path: Path) -> None:
+    with proxied(tmp_path, connection_limits=limits(head_timeout=0.3)) as setup:
+        conn = socket.create_connection(("127.0.0.1", setup.proxy.port), timeout=BOUND)
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: ")
+        assert conn.recv(65536) == b""  # Closed by the proxy, not by our timeout.
+        conn.close()
+        metrics = httpx.get(setup.proxy.url + "/metrics", timeout=BOUND).text
+    assert 'wirecut_connections_dropped_total{why="head_timeout"} 1.0' in metrics
+
+
+def test_at_the_cap_an_idle_connection_makes_room_for_a_request(tmp_path: Path) -> None:
+    with proxied(tmp_path, connection_limits=limits(max_connections=8)) as setup:
+        idle = [
+            socket.create_connection(("127.0.0.1", setup.proxy.port), timeout=BOUND)
+            for _ in range(8)
+        ]
+        setup.wait_health(lambda _: True)  # The ninth connection: answered.
+        assert idle[0].recv(1) == b""  # The oldest idle one made room.
+        for conn in idle:
+            conn.close()
+        metrics = httpx.get(setup.proxy.url + "/metrics", timeout=BOUND).text
+    assert 'wirecut_connections_dropped_total{why="evicted"}' in metrics
+    assert 'wirecut_connections_dropped_total{why="evicted"} 0.0' not in metrics
+
+
+def test_a_request_head_past_the_bound_is_a_431_and_the_proxy_serves_on(tmp_path: Path) -> None:
+    with proxied(tmp_path, connection_limits=limits(max_head=16 * 1024)) as setup:
+        conn = socket.create_connection(("127.0.0.1", setup.proxy.port), timeout=BOUND)
+        # Past the bound, and no further: what the proxy never read would
+        # turn its close into a reset before we read its answer.
+        conn.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 20_000)
+        status, _, body = read_response(conn)
+        assert conn.recv(1) == b""
+        conn.close()
+        after = setup.health()
+    assert status == 431
+    assert b"too large" in body
+    assert after["status"] == "ok"
+
+
+def test_a_client_that_stops_reading_is_cut_after_the_send_timeout(tmp_path: Path) -> None:
+    event = b"data: " + json.dumps(chunk("x" * 1000)).encode() + b"\n\n"
+
+    def endless(ex: Exchange) -> None:
+        ex.start_chunked()
+        while True:
+            try:
+                ex.conn.sendall(f"{len(event):x}\r\n".encode() + event + b"\r\n")
+            except OSError:
+                return  # The proxy closed: the cut reached the upstream.
+
+    config = {"connection_limits": limits(send_timeout=0.5)}
+    with behind(endless, tmp_path, **config) as (upstream, setup):
+        conn = socket.socket()
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        conn.connect(("127.0.0.1", setup.proxy.port))
+        body = json.dumps(chat(stream=True)).encode()
+        conn.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        )
+        assert upstream.wait_closes(1, BOUND)  # We never read: the proxy gave up on us.
+        record = setup.record()
+        conn.close()
+    assert (record["status"], record["reason"]) == ("cancelled", "disconnect")

@@ -105,6 +105,7 @@ def proxy(
     from wirecut.launch import ProviderUnavailable, given_provider_url, resolve_provider
     from wirecut.proxy import AUTO, Proxy, ProxyConfig
     from wirecut.proxy import serve_forever as serve_proxy
+    from wirecut.serving import raise_descriptor_limit
 
     url, _ = given_provider_url(upstream, "--upstream")
     try:
@@ -139,6 +140,9 @@ def proxy(
             click.echo(f"wirecut proxy: {base_url}")
             sys.stdout.flush()
 
+        # A stream holds three descriptors (the client's socket, the
+        # upstream's and its dup): the connection cap is fitted to the limit.
+        raise_descriptor_limit()
         code = serve_proxy(gateway, on_listening=announce)
     finally:
         provider.stop()

@@ -19,7 +19,7 @@ The modules: ``_config`` (the settings), ``_server`` (uvicorn), ``_app``
 """
 
 from wirecut.proxy._app import create_app
-from wirecut.proxy._config import AUTO, ProxyConfig
+from wirecut.proxy._config import AUTO, PROXY_CONNECTION_LIMITS, ProxyConfig
 from wirecut.proxy._exchange import ExchangeState
 from wirecut.proxy._proxy import Proxy
 from wirecut.proxy._record import RECORD_FILE, ProxyRecord, RecordReason
@@ -28,6 +28,7 @@ from wirecut.proxy._upstream import UpstreamInfo, UpstreamKind
 
 __all__ = [
     "AUTO",
+    "PROXY_CONNECTION_LIMITS",
     "RECORD_FILE",
     "ExchangeState",
     "Proxy",

@@ -17,11 +17,17 @@ import httpx
 
 from wirecut.provider import ResponseLimits
 from wirecut.proxy._upstream import redact
+from wirecut.serving import ConnectionLimits
 
-__all__ = ["AUTO", "ProxyConfig"]
+__all__ = ["AUTO", "PROXY_CONNECTION_LIMITS", "ProxyConfig"]
 
 #: ``upstream_slots`` that means "ask the upstream" (llama.cpp's /slots or /props).
 AUTO: Literal["auto"] = "auto"
+
+#: The proxy's bounds on client connections (``wirecut.serving``, the console's
+#: implementation): more of them than the console's (a team's streams), and a
+#: larger request head (SDKs send long headers).
+PROXY_CONNECTION_LIMITS = ConnectionLimits(max_connections=4096, max_head=64 * 1024)
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,9 @@ class ProxyConfig:
       lists this large still parses in well under a second, off the loop).
     - ``records_max_bytes``, ``records_backups``: ``proxy.jsonl`` is rotated
       once it would pass that size, keeping that many older files.
+    - ``connection_limits``: the bounds on client connections: a request
+      head's size and deadline, a cap on connections (idle ones evicted
+      first), a client that does not read for ``send_timeout`` is cut.
     - ``response_limits``: the bounds on what the upstream sends back (an
       event's size, a whole answer's size), as the console's provider client
       has them.
@@ -71,6 +80,7 @@ class ProxyConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     records_max_bytes: int = 64 * 1024 * 1024
     records_backups: int = 3
+    connection_limits: ConnectionLimits = PROXY_CONNECTION_LIMITS
     response_limits: ResponseLimits = field(default_factory=ResponseLimits)
 
     def __post_init__(self) -> None:

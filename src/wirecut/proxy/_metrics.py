@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from wirecut.proxy._record import ProxyRecord
+from wirecut.serving import ConnectionGuard, Dropped
 
 __all__ = ["CONTENT_TYPE", "ProxyMetrics"]
 
@@ -33,6 +34,7 @@ class ProxyMetrics:
         self,
         gauges: Callable[[], tuple[int, int, int | None]],
         records: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        guard: Callable[[], ConnectionGuard | None] = lambda: None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
@@ -69,7 +71,7 @@ class ProxyMetrics:
             buckets=_MS_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(_Gauges(gauges, records))
+        self.registry.register(_Gauges(gauges, records, guard))
 
     def observe(self, record: ProxyRecord) -> None:
         self.requests.labels(str(record.status), str(record.reason or "none")).inc()
@@ -89,9 +91,11 @@ class _Gauges(Collector):
         self,
         read: Callable[[], tuple[int, int, int | None]],
         records: Callable[[], tuple[int, int]],
+        guard: Callable[[], ConnectionGuard | None],
     ) -> None:
         self._read = read
         self._records = records
+        self._guard = guard
 
     def collect(self) -> Iterable[Metric]:
         in_flight, queued, slots = self._read()
@@ -117,3 +121,16 @@ class _Gauges(Collector):
             "Records that could neither be written nor kept for a later write.",
             value=dropped,
         )
+        guard = self._guard()
+        if guard is not None:
+            yield GaugeMetricFamily(
+                "wirecut_connections_open", "Open client connections.", value=guard.open
+            )
+            ended = CounterMetricFamily(
+                "wirecut_connections_dropped",
+                "Client connections the proxy ended for a limit, by why.",
+                labels=["why"],
+            )
+            for why in Dropped:
+                ended.add_metric([why.value], guard.dropped[why])
+            yield ended

@@ -25,6 +25,7 @@ from wirecut.proxy._record import RECORD_FILE, RecordReason
 from wirecut.proxy._record_log import RecordLog
 from wirecut.proxy._request import ClientRequest
 from wirecut.proxy._upstream import Upstream, UpstreamInfo, UpstreamKind
+from wirecut.serving import ConnectionGuard
 
 __all__ = ["DuplicateId", "Proxy"]
 
@@ -56,12 +57,18 @@ class Proxy:
         self.info = UpstreamInfo(UpstreamKind.UNREACHABLE, None)
         self.admission = Admission(None if config.upstream_slots == AUTO else config.upstream_slots)
         self.live: dict[str, Exchange] = {}
+        #: The guard of its client connections (``wirecut.serving``), set by the server.
+        self.guard: ConnectionGuard | None = None
         self.log = RecordLog(
             None if config.data_dir is None else config.data_dir / RECORD_FILE,
             max_bytes=config.records_max_bytes,
             backups=config.records_backups,
         )
-        self.metrics = ProxyMetrics(self._gauges, lambda: (self.log.pending, self.log.dropped))
+        self.metrics = ProxyMetrics(
+            self._gauges,
+            lambda: (self.log.pending, self.log.dropped),
+            lambda: self.guard,
+        )
         self.parser = BodyParser()
         self._context = ExchangeContext(
             upstream=self.upstream,

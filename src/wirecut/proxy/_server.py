@@ -21,21 +21,40 @@ import uvicorn
 from wirecut.proxy._app import create_app
 from wirecut.proxy._config import ProxyConfig
 from wirecut.proxy._proxy import Proxy
-from wirecut.serving import BackgroundServer, Server, ServerThread, http_base
+from wirecut.serving import (
+    BackgroundServer,
+    ConnectionGuard,
+    GuardedConfig,
+    GuardedHttpToolsProtocol,
+    Server,
+    ServerThread,
+    descriptor_limit,
+    http_base,
+)
 
 __all__ = ["ProxyServer", "serve_forever"]
 
 
+#: Descriptors one stream may hold: the client's connection, the upstream's,
+#: and the upstream socket's registered dup (``wirecut.http.AsyncH1Client``).
+DESCRIPTORS_PER_STREAM = 3
+
+
 def _uvicorn_config(proxy: Proxy) -> uvicorn.Config:
-    return uvicorn.Config(
+    limits = proxy.config.connection_limits
+    fit = max(1, (descriptor_limit() - limits.fd_reserve) // DESCRIPTORS_PER_STREAM)
+    proxy.guard = ConnectionGuard(limits, min(limits.max_connections, fit))
+    return GuardedConfig(
         create_app(proxy),
+        guard=proxy.guard,
+        # httptools (C) parses a request in a fraction of h11's time, and
+        # writes a streamed piece without h11's state machine: both are on
+        # every token's way.
+        http=GuardedHttpToolsProtocol,
         host=proxy.config.host,
         port=proxy.config.port,
         log_level="warning",
         access_log=False,
-        # httptools (C) parses a request in a fraction of h11's time: that
-        # parse is on every request's way to its first token.
-        http="httptools",
         lifespan="on",
         # Thousands of streams may be open at once.
         backlog=2048,
