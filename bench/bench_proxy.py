@@ -61,7 +61,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx
 
-from _procs import Process, machine, percentile, status_kib
+from _procs import Process, percentile, status_kib
+from _report import Report
 
 LITELLM = "litellm[proxy]==1.108.7"
 BOUND = 10.0
@@ -340,11 +341,13 @@ def _ms(values: list[float], q: float) -> str:
     return "never" if found is None else f"{found:.2f}"
 
 
-def table(head: list[str], rows: list[list[str]]) -> None:
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
+def table(report: Report, title: str, head: list[str], rows: list[list[str]]) -> None:
+    """Print a table now (a long run shows its progress) and keep it in ``report``."""
+    made = report.table(title, head)
     for row in rows:
-        print("| " + " | ".join(row) + " |")
+        made.add(*row)
+    print(f"### {title}\n")
+    print(made.markdown())
     print()
 
 
@@ -406,7 +409,7 @@ def stream_load(system: System, streams: int, tokens: int) -> int:
     return sum(counts)
 
 
-def overhead(sim: Sim, systems: list[System], quick: bool) -> None:
+def overhead(report: Report, sim: Sim, systems: list[System], quick: bool) -> None:
     direct = System("direct", sim.base_url)
     times = ttft([direct, *systems], 40 if quick else 200)
     base50 = percentile(times["direct"], 50) or 0.0
@@ -431,8 +434,9 @@ def overhead(sim: Sim, systems: list[System], quick: bool) -> None:
                 f"{system.startup_s:.2f} s",
             ]
         )
-    print(f"### Overhead (load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores)\n")
     table(
+        report,
+        f"Overhead (load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores)",
         [
             "through",
             "time to first token p50 / p99 (ms)",
@@ -521,7 +525,7 @@ def sigterm_exit(upstream: str, work: Path, streams: int) -> tuple[int, float, i
 
 
 def scale(
-    sim: Sim, systems: list[System], levels: list[int], window: float, work: Path
+    report: Report, sim: Sim, systems: list[System], levels: list[int], window: float
 ) -> list[dict[str, Any]]:
     direct = System("direct", sim.base_url)
     found: list[Level] = []
@@ -556,12 +560,13 @@ def scale(
                 "threads": level.threads,
             }
         )
-    print(f"### Scale (load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores)\n")
 
     def fmt(value: float | None, spec: str, unit: str = "") -> str:
         return "-" if value is None else f"{value:{spec}}{unit}"
 
     table(
+        report,
+        f"Scale (load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores)",
         [
             "through",
             "streams",
@@ -596,7 +601,7 @@ def scale(
 # -- 3. streams cancelled at once ---------------------------------------------------------------
 
 
-def burst(sim: Sim, systems: list[System], streams: int, bursts: int) -> None:
+def burst(report: Report, sim: Sim, systems: list[System], streams: int, bursts: int) -> None:
     rows = []
     for system in [System("direct", sim.base_url), *systems]:
         print(f"burst: {system.name}", file=sys.stderr)
@@ -641,8 +646,9 @@ def burst(sim: Sim, systems: list[System], streams: int, bursts: int) -> None:
                 str(still_busy),
             ]
         )
-    print(f"### {streams} streams cancelled at once (load average {os.getloadavg()[0]:.2f})\n")
     table(
+        report,
+        f"{streams} streams cancelled at once (load average {os.getloadavg()[0]:.2f})",
         [
             "through",
             "streams that had a first token",
@@ -747,7 +753,7 @@ def main() -> None:
     )
     parser.add_argument("--window", type=float, default=10.0, help="seconds measured a level")
     parser.add_argument("--bursts", default="64,256", help="the burst's numbers of streams")
-    parser.add_argument("--out", type=Path, help="write the scale rows and the machine as JSON")
+    parser.add_argument("--out", type=Path, help="write the tables as DIR/proxy.json")
     args = parser.parse_args()
     program = None if args.no_litellm else ensure_litellm(args.litellm_venv)
     print(
@@ -756,6 +762,11 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
     trials = 4 if args.quick else 10
     levels = [int(n) for n in args.levels.split(",")]
+    report = Report(
+        "proxy",
+        "wirecut proxy beside direct requests and LiteLLM",
+        "Each system its own process in front of the same simulator (bench/bench_proxy.py).",
+    )
     bursts = [int(n) for n in args.bursts.split(",")]
 
     def systems_for(upstream: str, *, both_litellm: bool = False) -> list[System]:
@@ -777,38 +788,30 @@ def main() -> None:
         try:
             if args.only in (None, "overhead"):
                 systems = systems_for(fast.base_url)
-                overhead(fast, systems, args.quick)
+                overhead(report, fast, systems, args.quick)
                 for system in systems:
                     system.stop()
                 systems = []
             if args.only in (None, "scale"):
                 systems = systems_for(slow.base_url)
-                rows = scale(slow, systems, levels, args.window, work)
+                report.data["scale"] = scale(report, slow, systems, levels, args.window)
                 for system in systems:
                     system.stop()
                 systems = []
                 most = max(levels)
                 started, took, code = sigterm_exit(slow.base_url, work, most)
                 slow.wait_idle(120)
-                print(
-                    f"SIGTERM to wirecut proxy with {started}/{most} streams open: "
-                    f"exited {code} after {took:.2f} s\n"
+                report.data["sigterm"] = {"streams": started, "exit_s": took, "code": code}
+                table(
+                    report,
+                    f"SIGTERM to wirecut proxy with {most} streams open",
+                    ["streams that had a first token", "exited after", "exit code"],
+                    [[f"{started}/{most}", f"{took:.2f} s", str(code)]],
                 )
-                if args.out:
-                    args.out.write_text(
-                        json.dumps(
-                            {
-                                "machine": machine(),
-                                "scale": rows,
-                                "sigterm": {"streams": started, "exit_s": took, "code": code},
-                            },
-                            indent=1,
-                        )
-                    )
             if args.only in (None, "burst"):
                 systems = systems_for(slow.base_url)
                 for streams in bursts:
-                    burst(slow, systems, streams, 1 if args.quick else 2)
+                    burst(report, slow, systems, streams, 1 if args.quick else 2)
         finally:
             for system in systems:
                 system.stop()
@@ -828,15 +831,18 @@ def main() -> None:
             decode_systems = systems_for(decode_sim.base_url, both_litellm=True)
             prompt_systems = systems_for(prompt_sim.base_url, both_litellm=True)
             systems = decode_systems + prompt_systems
-            _cut_rows(decode_systems, prompt_systems, (decode_sim, prompt_sim), trials)
+            _cut_rows(report, decode_systems, prompt_systems, (decode_sim, prompt_sim), trials)
         finally:
             for system in systems:
                 system.stop()
             decode_sim.stop()
             prompt_sim.stop()
+    if args.out:
+        print(f"wrote {report.write(args.out)}", file=sys.stderr)
 
 
 def _cut_rows(
+    report: Report,
     decode_systems: list[System],
     prompt_systems: list[System],
     sims: tuple[Sim, Sim],
@@ -859,8 +865,9 @@ def _cut_rows(
             when = "" if after is None else f" (at {after:.1f} s)"
             mode = "cut during a 5 s prompt phase, " + ("stream" if stream else "non-stream")
             rows.append([prompt.name, mode, f"{c.freed}/{c.trials}{when}", "-", str(c.retried)])
-    print(f"### The cut table, on the simulator (load average {os.getloadavg()[0]:.2f})\n")
     table(
+        report,
+        f"The cut table, on the simulator (load average {os.getloadavg()[0]:.2f})",
         [
             "through",
             "mode",
