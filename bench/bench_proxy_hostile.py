@@ -203,8 +203,8 @@ def sse_chunk(content: str | None, index: int = 0, finish: str | None = None) ->
 # -- the scenarios: each returns one row (a dict) for one tree ---------------------------------
 
 
-def body_bomb(tree: str, size_mib: int) -> dict[str, Any]:
-    """A nested-list body of ``size_mib`` MiB while another client's stream leaves."""
+def body_bomb(tree: str, size: int) -> dict[str, Any]:
+    """A nested-list body of ``size`` bytes while another client's stream leaves."""
     sim = Sim("--slots", "2", "--tokens-per-second", "20", "--prompt-ms", "0", "--endless")
     try:
         with proxy(tree, sim.base_url) as p:
@@ -213,8 +213,22 @@ def body_bomb(tree: str, size_mib: int) -> dict[str, Any]:
             seen = b""
             while b'"content"' not in seen:
                 seen += victim.recv(65536)
-            bomb = b'{"model": "m", "x": [' + b"[]," * (size_mib * 1024 * 1024 // 3) + b"[]]}"
-            attacker = raw_post(p.port, bomb)
+            bomb = b'{"model": "m", "x": [' + b"[]," * ((size - 32) // 3) + b"[]]}"
+            attacker = socket.create_connection(("127.0.0.1", p.port), timeout=60)
+            attacker.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(bomb)
+            )
+
+            def send_body() -> None:
+                try:
+                    attacker.sendall(bomb)
+                except OSError:
+                    pass  # Refused before it was read.
+
+            sender = threading.Thread(target=send_body)
+            sender.start()
+            sender.join(60)  # The body is in (or refused): the parse, if any, runs now.
             left = time.monotonic()
             victim.close()
             closed_after = None
@@ -246,7 +260,7 @@ def huge_heads(tree: str) -> dict[str, Any]:
             def flood(i: int) -> None:
                 try:
                     with socket.create_connection(("127.0.0.1", p.port), timeout=30) as conn:
-                        conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
+                        conn.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ")
                         piece = b"a" * (1 << 20)
                         for _ in range(64):
                             conn.sendall(piece)
@@ -280,7 +294,7 @@ def half_heads(tree: str) -> dict[str, Any]:
             for _ in range(1120):
                 try:
                     conn = socket.create_connection(("127.0.0.1", p.port), timeout=5)
-                    conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+                    conn.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
                     conns.append(conn)
                 except OSError:
                     break
@@ -308,7 +322,7 @@ def slow_reader(tree: str) -> dict[str, Any]:
             conn.connect(("127.0.0.1", p.port))
             body = json.dumps(chat(stream=True)).encode()
             conn.sendall(
-                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: slow\r\n"
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Request-Id: slow\r\n"
                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
             )
             time.sleep(10)  # the measurement window: a client that reads nothing
@@ -382,25 +396,26 @@ def health_hangs(tree: str) -> dict[str, Any]:
 
 
 def slots_later(tree: str) -> dict[str, Any]:
-    """--upstream-slots auto, started before the upstream listens; its slots 8 s later."""
-    port = _free_port()
-    with proxy(tree, f"http://127.0.0.1:{port}/v1") as p:
+    """--upstream-slots auto while the upstream answers 503 (loading); its slots 8 s later."""
+    loading = threading.Event()
+    loading.set()
+
+    def llama(ex: LoopbackExchange) -> None:
+        if loading.is_set():  # llama-server while it loads its model
+            ex.json({"error": {"code": 503, "message": "Loading model"}}, status=503)
+        elif ex.request.path == "/slots":
+            ex.json([{"id": 0, "is_processing": False}, {"id": 1, "is_processing": False}])
+        else:
+            ex.json({}, status=404)
+
+    with LoopbackServer(llama) as upstream, proxy(tree, upstream.url + "/v1") as p:
         before = httpx.get(p.url + "/health", timeout=BOUND).json()["upstream"]
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "wirecut", "provider", "--port", str(port), "--slots", "2"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONPATH": HERE},
-        )
-        try:
-            time.sleep(8)  # the window: a proxy that asks again has learnt by now
-            after = httpx.get(p.url + "/health", timeout=BOUND).json()["upstream"]
-        finally:
-            proc.terminate()
-            proc.wait(30)
+        loading.clear()
+        time.sleep(8)  # the window: a proxy that asks again has learnt by now
+        after = httpx.get(p.url + "/health", timeout=BOUND).json()["upstream"]
         return {
-            "before the upstream": f"{before['kind']}, slots {before['slots']}",
-            "8 s after it came up": f"{after['kind']}, slots {after['slots']}",
+            "while it loads": f"{before['kind']}, slots {before['slots']}",
+            "8 s after it is ready": f"{after['kind']}, slots {after['slots']}",
         }
 
 
@@ -493,10 +508,15 @@ def full_disk(tree: str) -> dict[str, Any]:
         (full / "proxy.jsonl").symlink_to("/dev/full")
         with proxy(tree, sim.base_url, data_dir=full) as p:
             whole = httpx.post(p.base_url + "/chat/completions", json=chat(), timeout=30)
-            streamed = httpx.post(
-                p.base_url + "/chat/completions", json=chat(stream=True), timeout=30
-            )
-            complete = streamed.text.rstrip().endswith("[DONE]")
+            try:
+                streamed = httpx.post(
+                    p.base_url + "/chat/completions", json=chat(stream=True), timeout=30
+                )
+                stream = f"{streamed.status_code}, " + (
+                    "whole" if streamed.text.rstrip().endswith("[DONE]") else "no [DONE]"
+                )
+            except httpx.HTTPError as exc:
+                stream = f"broken: {type(exc).__name__}"
         fresh = Path(tempfile.mkdtemp(prefix="hostile-mode-"))
         os.umask(0o022)
         with proxy(tree, sim.base_url, data_dir=fresh) as p:
@@ -505,8 +525,7 @@ def full_disk(tree: str) -> dict[str, Any]:
         mode = oct((fresh / "proxy.jsonl").stat().st_mode & 0o777)
         return {
             "non-stream on a full disk": whole.status_code,
-            "stream on a full disk": f"{streamed.status_code}, "
-            + ("whole" if complete else "cut before its end"),
+            "stream on a full disk": stream,
             "proxy.jsonl mode": mode,
         }
     finally:
@@ -545,14 +564,14 @@ def secrets_and_paths(tree: str) -> dict[str, Any]:
 
 
 SCENARIOS: dict[str, tuple[str, Callable[[str], dict[str, Any]]]] = {
-    "body24": ("1. a 24 MiB body of nested lists", lambda t: body_bomb(t, 24)),
-    "body4": ("1. a 4 MiB body of nested lists", lambda t: body_bomb(t, 4)),
+    "body24": ("1. a 24 MiB body of nested lists", lambda t: body_bomb(t, 24 << 20)),
+    "body4": ("1. a body of nested lists just under 4 MiB", lambda t: body_bomb(t, (4 << 20) - 64)),
     "heads": ("3. two 64 MiB request heads", huge_heads),
     "idle": ("2. 1,120 half-sent heads at 1,024 descriptors", half_heads),
     "slow": ("4. a client that stops reading", slow_reader),
     "answer": ("5. a 300 MiB non-stream answer", huge_answer),
     "health": ("6. /health while the upstream's connects hang", health_hangs),
-    "slots": ("7. --upstream-slots auto before the upstream is up", slots_later),
+    "slots": ("7. --upstream-slots auto while the upstream loads its model", slots_later),
     "retries": ("8. the openai SDK and a timeout", sdk_retries),
     "done": ("9. [DONE], then the response kept open", done_then_hold),
     "streams": ("10. a partial n=2, a nested event, a lone surrogate", bad_streams),
