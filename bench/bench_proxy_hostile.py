@@ -228,7 +228,8 @@ def body_bomb(tree: str, size: int) -> dict[str, Any]:
 
             sender = threading.Thread(target=send_body)
             sender.start()
-            sender.join(60)  # The body is in (or refused): the parse, if any, runs now.
+            sender.join(60)  # The body is in (or refused)...
+            time.sleep(0.3)  # ...and a proxy that parses it where it arrived is at it now.
             left = time.monotonic()
             victim.close()
             closed_after = None
@@ -312,29 +313,56 @@ def half_heads(tree: str) -> dict[str, Any]:
 
 
 def slow_reader(tree: str) -> dict[str, Any]:
-    """A client that stops reading a fast stream: RSS over 10 s, then cancel by id."""
-    sim = Sim("--slots", "1", "--tokens-per-second", "2000", "--prompt-ms", "0", "--endless")
-    try:
-        with proxy(tree, sim.base_url, "--request-timeout", "600") as p:
+    """A client that stops reading a fast stream (--request-timeout 5): memory, and its end."""
+    event = b"data: " + json.dumps(sse_chunk("x" * 1000)).encode() + b"\n\n"
+    frame = f"{len(event):x}\r\n".encode() + event + b"\r\n"
+
+    def flood(ex: LoopbackExchange) -> None:
+        if ex.request.method != "POST":
+            ex.json({}, status=404)  # The start's probes: nothing to learn here.
+            return
+        ex.start_chunked()
+        while True:
+            try:
+                ex.conn.sendall(frame * 64)
+            except OSError:
+                return
+
+    with LoopbackServer(flood) as upstream:
+        with proxy(tree, upstream.url + "/v1", "--request-timeout", "5") as p:
             before = rss_mib(p.proc.pid)
             conn = socket.socket()
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             conn.connect(("127.0.0.1", p.port))
             body = json.dumps(chat(stream=True)).encode()
             conn.sendall(
-                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Request-Id: slow\r\n"
-                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"X-Request-Id: slow\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(body) + body
             )
-            time.sleep(10)  # the measurement window: a client that reads nothing
-            after = rss_mib(p.proc.pid)
+            time.sleep(4)  # the window: a client that reads nothing, before its timeout
+            during = rss_mib(p.proc.pid)
             cancel = httpx.post(p.base_url + "/requests/slow/cancel", timeout=30).status_code
+            # Past the timeout and the send bound (30 s), still reading nothing:
+            # is the connection let go? Then what is buffered is read, to its end.
+            time.sleep(31)
+            conn.settimeout(5)
+            ended = "still open after 35 s"
+            try:
+                while conn.recv(1 << 20):
+                    pass
+                ended = "closed by the proxy"
+            except TimeoutError:
+                pass
+            except OSError:
+                ended = "reset by the proxy"
             conn.close()
             return {
-                "RSS growth over 10 s": f"{after - before:+.0f} MiB",
-                "cancel by id": cancel,
+                "RSS growth after 4 s": f"{during - before:+.0f} MiB",
+                "cancel by id at 4 s": cancel,
+                "the client's connection": ended,
+                "RSS peak": f"{peak_mib(p.proc.pid):.0f} MiB",
             }
-    finally:
-        sim.stop()
 
 
 def huge_answer(tree: str) -> dict[str, Any]:
@@ -342,6 +370,9 @@ def huge_answer(tree: str) -> dict[str, Any]:
     event = b"data: " + json.dumps(sse_chunk("y" * 4000)).encode() + b"\n\n"
 
     def flood(ex: LoopbackExchange) -> None:
+        if ex.request.method != "POST":
+            ex.json({}, status=404)
+            return
         ex.start_chunked()
         for _ in range(300 * (1 << 20) // len(event)):
             try:

@@ -29,7 +29,17 @@ import openai
 import pytest
 
 from _loopback import Exchange, LoopbackServer
-from test_proxy import BOUND, ENDLESS, MESSAGES, Setup, chat, post, proxied, read_response
+from test_proxy import (
+    BOUND,
+    ENDLESS,
+    MESSAGES,
+    Command,
+    Setup,
+    chat,
+    post,
+    proxied,
+    read_response,
+)
 from wirecut.provider import ResponseLimits
 from wirecut.proxy import PROXY_CONNECTION_LIMITS, ProxyConfig, ProxyServer, RecordReason
 from wirecut.serving import ConnectionLimits
@@ -535,3 +545,37 @@ def test_a_client_that_stops_reading_is_cut_after_the_send_timeout(tmp_path: Pat
         record = setup.record()
         conn.close()
     assert (record["status"], record["reason"]) == ("cancelled", "disconnect")
+
+
+# -- many streams ---------------------------------------------------------------------------------
+
+
+def test_sigterm_with_many_streams_open_cuts_each_and_exits(tmp_path: Path) -> None:
+    streams = 200
+    with SimulatorServer(
+        SimConfig(slots=streams, tokens_per_second=20, prompt_ms=0, endless=True)
+    ) as sim:
+        command = Command("--upstream", sim.base_url, "--data-dir", str(tmp_path))
+        conns = []
+        try:
+            port = int(command.base_url.rsplit(":", 1)[1].split("/")[0])
+            conns = [post(port, chat(stream=True)) for _ in range(streams)]
+            for conn in conns:
+                seen = b""
+                while b'"content"' not in seen:
+                    data = conn.recv(65536)
+                    assert data, seen
+                    seen += data
+            code, _ = command.stop()
+        finally:
+            if command.proc.poll() is None:
+                command.stop()
+            for conn in conns:
+                conn.close()
+        for request in sim.requests():
+            sim.wait_for_event(EventKind.REQUEST_FINISHED, request.id, timeout=BOUND)
+        assert all(slot["is_processing"] is False for slot in sim.slots())
+    records = [json.loads(line) for line in (tmp_path / "proxy.jsonl").read_text().splitlines()]
+    assert code == 0
+    assert len(records) == streams
+    assert {(r["status"], r["reason"]) for r in records} == {("cancelled", "shutdown")}
