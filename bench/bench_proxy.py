@@ -753,7 +753,7 @@ def main() -> None:
     )
     parser.add_argument("--window", type=float, default=10.0, help="seconds measured a level")
     parser.add_argument("--bursts", default="64,256", help="the burst's numbers of streams")
-    parser.add_argument("--out", type=Path, help="write the tables as DIR/proxy.json")
+    parser.add_argument("--out", type=Path, help="write the tables as DIR/bench_proxy.json")
     args = parser.parse_args()
     program = None if args.no_litellm else ensure_litellm(args.litellm_venv)
     print(
@@ -763,7 +763,7 @@ def main() -> None:
     trials = 4 if args.quick else 10
     levels = [int(n) for n in args.levels.split(",")]
     report = Report(
-        "proxy",
+        "bench_proxy",
         "wirecut proxy beside direct requests and LiteLLM",
         "Each system its own process in front of the same simulator (bench/bench_proxy.py).",
     )

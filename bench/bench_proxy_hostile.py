@@ -615,14 +615,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--before", metavar="SRC", help="a wirecut src folder to run beside")
     parser.add_argument("--only", help="comma-separated scenario names: " + ", ".join(SCENARIOS))
-    parser.add_argument("--out", type=Path, help="write the tables as DIR/proxy_hostile.json")
+    parser.add_argument("--out", type=Path, help="write the tables as DIR/bench_proxy_hostile.json")
     args = parser.parse_args()
     trees = {"this tree": HERE}
     if args.before:
         trees = {"before": args.before, "this tree": HERE}
     chosen = args.only.split(",") if args.only else list(SCENARIOS)
     report = Report(
-        "proxy_hostile",
+        "bench_proxy_hostile",
         "wirecut proxy against hostile clients and upstreams (issue 37)",
         "Each scenario against each tree, the proxy a process of its own "
         "(bench/bench_proxy_hostile.py).",
