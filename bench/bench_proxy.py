@@ -468,6 +468,7 @@ class Level:
     cpu_ms_per_1000: float | None = None
     rss_mib: float | None = None
     threads: int | None = None
+    busy_after: int = 0
 
 
 def run_level(system: System, streams: int, window: float) -> Level:
@@ -524,18 +525,37 @@ def sigterm_exit(upstream: str, work: Path, streams: int) -> tuple[int, float, i
     return started, took, code
 
 
+#: Seconds after a level's clients left within which the upstream's slots must be free.
+LEFT_BOUND = 60.0
+
+
 def scale(
-    report: Report, sim: Sim, systems: list[System], levels: list[int], window: float
+    report: Report,
+    sim: Sim,
+    start: Callable[[], list[System]],
+    levels: list[int],
+    window: float,
 ) -> list[dict[str, Any]]:
-    direct = System("direct", sim.base_url)
+    """Every level through fresh systems (``start()``), direct beside them, in turns."""
     found: list[Level] = []
     for streams in levels:
-        order = [direct, *systems]
-        random.shuffle(order)
-        for system in order:
-            print(f"scale: {system.name} x {streams}", file=sys.stderr)
-            found.append(run_level(system, streams, window))
-            sim.wait_idle(120)
+        systems = start()
+        try:
+            order = [System("direct", sim.base_url), *systems]
+            random.shuffle(order)
+            for system in order:
+                print(f"scale: {system.name} x {streams}", file=sys.stderr)
+                level = run_level(system, streams, window)
+                # A system that goes on decoding for clients that left is
+                # stopped (its connections close) before the next one runs.
+                level.busy_after = sim.busy_after(LEFT_BOUND)
+                if level.busy_after:
+                    system.stop()
+                    sim.wait_idle(120)
+                found.append(level)
+        finally:
+            for system in systems:
+                system.stop()
     rows = []
     for level in found:
         base = next(x for x in found if x.system == "direct" and x.streams == level.streams)
@@ -558,6 +578,7 @@ def scale(
                 "cpu_ms_per_1000_tokens": level.cpu_ms_per_1000,
                 "rss_mib": level.rss_mib,
                 "threads": level.threads,
+                "slots_busy_after_left": level.busy_after,
             }
         )
 
@@ -578,6 +599,7 @@ def scale(
             "CPU per 1,000 tokens",
             "RSS",
             "threads",
+            f"slots decoding {LEFT_BOUND:.0f} s after the clients left",
         ],
         [
             [
@@ -591,6 +613,7 @@ def scale(
                 fmt(r["cpu_ms_per_1000_tokens"], ".1f", " ms"),
                 fmt(r["rss_mib"], ".0f", " MiB"),
                 fmt(r["threads"], "d"),
+                str(r["slots_busy_after_left"]),
             ]
             for r in sorted(rows, key=lambda r: (r["streams"], r["system"] != "direct"))
         ],
@@ -793,11 +816,9 @@ def main() -> None:
                     system.stop()
                 systems = []
             if args.only in (None, "scale"):
-                systems = systems_for(slow.base_url)
-                report.data["scale"] = scale(report, slow, systems, levels, args.window)
-                for system in systems:
-                    system.stop()
-                systems = []
+                report.data["scale"] = scale(
+                    report, slow, lambda: systems_for(slow.base_url), levels, args.window
+                )
                 most = max(levels)
                 started, took, code = sigterm_exit(slow.base_url, work, most)
                 slow.wait_idle(120)
