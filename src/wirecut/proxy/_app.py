@@ -227,8 +227,11 @@ def create_app(proxy: Proxy) -> ASGIApp:
         try:
             async with cut_on_disconnect(request, scope):
                 status, content_type, body = await upstream.get(target, scope=scope, limit=limit)
-        except (httpx.HTTPError, BodyTooLarge) as exc:
+        except httpx.HTTPError as exc:
             message = f"the upstream {upstream.base_url} could not be reached: {exc}"
+            return JSONResponse(_error(message, "upstream_error"), status_code=502)
+        except BodyTooLarge as exc:
+            message = f"the upstream {upstream.base_url} sent too much: {exc}"
             return JSONResponse(_error(message, "upstream_error"), status_code=502)
         except ValueError as exc:  # a query that cannot go on a request line
             return JSONResponse(_error(str(exc), "invalid_request_error"), status_code=400)
