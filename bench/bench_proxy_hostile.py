@@ -406,17 +406,20 @@ def health_hangs(tree: str) -> dict[str, Any]:
             one = (time.monotonic() - started) * 1000
             time.sleep(6)  # past the old re-probe interval (5 s)
             timings: list[float] = []
+            # One client for the 20 (a client each would time its own making).
+            limits = httpx.Limits(max_connections=20)
+            with httpx.Client(timeout=60, limits=limits) as client:
 
-            def ask() -> None:
-                begun = time.monotonic()
-                httpx.get(p.url + "/health", timeout=60)
-                timings.append((time.monotonic() - begun) * 1000)
+                def ask() -> None:
+                    begun = time.monotonic()
+                    client.get(p.url + "/health")
+                    timings.append((time.monotonic() - begun) * 1000)
 
-            threads = [threading.Thread(target=ask) for _ in range(20)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(120)
+                threads = [threading.Thread(target=ask) for _ in range(20)]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join(120)
             threads_now = len(os.listdir(f"/proc/{p.proc.pid}/task"))
             return {
                 "start-up": f"{p.started_s:.1f} s",
