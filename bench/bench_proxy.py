@@ -1,7 +1,9 @@
 """``wirecut proxy`` side by side with direct requests and with LiteLLM's proxy.
 
-Run: ``python bench/bench_proxy.py [--quick] [--no-litellm] [--only overhead|burst|cuts]``.
-Prints Markdown tables and asserts nothing.
+Run: ``python bench/bench_proxy.py [--quick] [--no-litellm]
+[--only overhead|scale|burst|cuts] [--levels 1,64,256,1000] [--out FILE]``.
+Prints Markdown tables (and, with ``--out``, writes them as JSON) and asserts
+nothing.
 
 Every system runs as its own process on loopback in front of the same
 upstream, the simulator (``wirecut provider``, its own process): direct
@@ -14,10 +16,19 @@ remote cost map is off, so it makes no request off this machine).
    requests one at a time, the systems taking turns); CPU per 1,000 streamed
    tokens (the proxy process's user+system time over 8 concurrent streams);
    RSS after that load; start-up time (spawn to its health answer).
-2. At 64 concurrent streams: every client closes its socket at once;
+2. Scale: 1, 64, 256 and 1,000 concurrent streams (the simulator at 20
+   tokens/s a stream, ``--prompt-ms 0``), the systems taking turns at each
+   level, each load opened at once by one cheap asyncio client process
+   (``_stream_load.py``): streams that had a first token within the start
+   bound, time to first token p50 (and what the system added to direct),
+   tokens/s relayed over a window once all had started (and the ratio to
+   direct), the system's CPU per 1,000 tokens over that window, its RSS and
+   threads at the end of it. Then ``wirecut proxy`` gets SIGTERM with 1,000
+   streams open: how long until it exited.
+3. At 64 and 256 concurrent streams: every client closes its socket at once;
    cancel -> upstream close is the time from that moment to the simulator
    noticing each close (its ``t_disconnect``), p50/p99.
-3. The cut table of issue 19, on the simulator (one slot): a client that
+4. The cut table of issue 19, on the simulator (one slot): a client that
    leaves while streaming, while waiting for a whole answer, while queued
    behind another request, during a 5 s prompt phase; whether the slot was
    freed, whether the dead queued client reached the engine, how many
@@ -34,6 +45,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -50,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import httpx
 
 from _procs import Process, percentile, status_kib
+from _report import Report
 
 LITELLM = "litellm[proxy]==1.108.7"
 BOUND = 10.0
@@ -85,6 +98,17 @@ def cpu_seconds(pid: int) -> float:
             continue
         total += int(fields[11]) + int(fields[12])  # utime, stime
     return total / TICK
+
+
+def threads(pid: int) -> int:
+    """Threads of ``pid`` and its descendants."""
+    total = 0
+    for each in _tree(pid):
+        try:
+            total += len(os.listdir(f"/proc/{each}/task"))
+        except OSError:
+            continue
+    return total
 
 
 def rss_mib(pid: int) -> float:
@@ -317,11 +341,13 @@ def _ms(values: list[float], q: float) -> str:
     return "never" if found is None else f"{found:.2f}"
 
 
-def table(head: list[str], rows: list[list[str]]) -> None:
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
+def table(report: Report, title: str, head: list[str], rows: list[list[str]]) -> None:
+    """Print a table now (a long run shows its progress) and keep it in ``report``."""
+    made = report.table(title, head)
     for row in rows:
-        print("| " + " | ".join(row) + " |")
+        made.add(*row)
+    print(f"### {title}\n")
+    print(made.markdown())
     print()
 
 
@@ -383,7 +409,7 @@ def stream_load(system: System, streams: int, tokens: int) -> int:
     return sum(counts)
 
 
-def overhead(sim: Sim, systems: list[System], quick: bool) -> None:
+def overhead(report: Report, sim: Sim, systems: list[System], quick: bool) -> None:
     direct = System("direct", sim.base_url)
     times = ttft([direct, *systems], 40 if quick else 200)
     base50 = percentile(times["direct"], 50) or 0.0
@@ -408,8 +434,9 @@ def overhead(sim: Sim, systems: list[System], quick: bool) -> None:
                 f"{system.startup_s:.2f} s",
             ]
         )
-    print(f"### Overhead (load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores)\n")
     table(
+        report,
+        f"Overhead (load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores)",
         [
             "through",
             "time to first token p50 / p99 (ms)",
@@ -422,10 +449,182 @@ def overhead(sim: Sim, systems: list[System], quick: bool) -> None:
     )
 
 
-# -- 2. 64 streams cancelled at once ---------------------------------------------------------------
+# -- 2. scale ------------------------------------------------------------------------------------
+
+LOAD = Path(__file__).resolve().parent / "_stream_load.py"
+#: Seconds a level's streams may take to have their first token, all of them.
+START_BOUND = 60.0
 
 
-def burst(sim: Sim, systems: list[System], streams: int, bursts: int) -> None:
+@dataclass
+class Level:
+    """One system at one level of concurrent streams."""
+
+    system: str
+    streams: int
+    started: int = 0
+    ttft_p50: float | None = None
+    tokens_per_s: float = 0.0
+    cpu_ms_per_1000: float | None = None
+    rss_mib: float | None = None
+    threads: int | None = None
+    busy_after: int = 0
+
+
+def run_level(system: System, streams: int, window: float) -> Level:
+    """``streams`` streams through ``system``; measured over ``window`` s once all started."""
+    load = subprocess.Popen(
+        [sys.executable, str(LOAD), system.base_url, str(streams), str(window), str(START_BOUND)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert load.stdout is not None
+    level = Level(system.name, streams)
+    try:
+        first = json.loads(load.stdout.readline())
+        cpu_before = None if system.proc is None else cpu_seconds(system.proc.pid)
+        second = json.loads(load.stdout.readline())
+        cpu_after = None if system.proc is None else cpu_seconds(system.proc.pid)
+        level.started = first["started"]
+        level.ttft_p50 = percentile(first["ttft_ms"], 50)
+        level.tokens_per_s = second["tokens"] / second["seconds"]
+        if system.proc is not None and cpu_before is not None and cpu_after is not None:
+            level.cpu_ms_per_1000 = (
+                (cpu_after - cpu_before) * 1000 / max(second["tokens"], 1) * 1000
+            )
+            level.rss_mib = rss_mib(system.proc.pid)
+            level.threads = threads(system.proc.pid)
+    finally:
+        load.wait(60)
+    return level
+
+
+def sigterm_exit(upstream: str, work: Path, streams: int) -> tuple[int, float, int | None]:
+    """(streams started, seconds from SIGTERM to exit, exit code) of a proxy serving ``streams``."""
+    system = start_wirecut(upstream, work)
+    assert system.proc is not None
+    load = subprocess.Popen(
+        [sys.executable, str(LOAD), system.base_url, str(streams), "60", str(START_BOUND)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert load.stdout is not None
+    try:
+        started = json.loads(load.stdout.readline())["started"]
+        signalled = time.monotonic()
+        system.proc.send_signal(signal.SIGTERM)
+        try:
+            code: int | None = system.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            code = None
+        took = time.monotonic() - signalled
+    finally:
+        load.kill()
+        load.wait()
+        system.stop()
+    return started, took, code
+
+
+#: Seconds after a level's clients left within which the upstream's slots must be free.
+LEFT_BOUND = 60.0
+
+
+def scale(
+    report: Report,
+    sim: Sim,
+    start: Callable[[], list[System]],
+    levels: list[int],
+    window: float,
+) -> list[dict[str, Any]]:
+    """Every level through fresh systems (``start()``), direct beside them, in turns."""
+    found: list[Level] = []
+    for streams in levels:
+        systems = start()
+        try:
+            order = [System("direct", sim.base_url), *systems]
+            random.shuffle(order)
+            for system in order:
+                print(f"scale: {system.name} x {streams}", file=sys.stderr)
+                level = run_level(system, streams, window)
+                # A system that goes on decoding for clients that left is
+                # stopped (its connections close) before the next one runs.
+                level.busy_after = sim.busy_after(LEFT_BOUND)
+                if level.busy_after:
+                    system.stop()
+                    sim.wait_idle(120)
+                found.append(level)
+        finally:
+            for system in systems:
+                system.stop()
+    rows = []
+    for level in found:
+        base = next(x for x in found if x.system == "direct" and x.streams == level.streams)
+        added = (
+            None
+            if level.ttft_p50 is None or base.ttft_p50 is None or level is base
+            else level.ttft_p50 - base.ttft_p50
+        )
+        rows.append(
+            {
+                "system": level.system,
+                "streams": level.streams,
+                "started": level.started,
+                "ttft_p50_ms": level.ttft_p50,
+                "ttft_added_p50_ms": added,
+                "tokens_per_s": round(level.tokens_per_s, 1),
+                "vs_direct": round(level.tokens_per_s / base.tokens_per_s, 3)
+                if base.tokens_per_s
+                else None,
+                "cpu_ms_per_1000_tokens": level.cpu_ms_per_1000,
+                "rss_mib": level.rss_mib,
+                "threads": level.threads,
+                "slots_busy_after_left": level.busy_after,
+            }
+        )
+
+    def fmt(value: float | None, spec: str, unit: str = "") -> str:
+        return "-" if value is None else f"{value:{spec}}{unit}"
+
+    table(
+        report,
+        f"Scale (load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores)",
+        [
+            "through",
+            "streams",
+            "started",
+            "time to first token p50",
+            "added p50",
+            "tokens/s",
+            "vs direct",
+            "CPU per 1,000 tokens",
+            "RSS",
+            "threads",
+            f"slots decoding {LEFT_BOUND:.0f} s after the clients left",
+        ],
+        [
+            [
+                r["system"],
+                str(r["streams"]),
+                f"{r['started']}/{r['streams']}",
+                fmt(r["ttft_p50_ms"], ".2f", " ms"),
+                fmt(r["ttft_added_p50_ms"], "+.2f", " ms"),
+                f"{r['tokens_per_s']:.0f}",
+                fmt(r["vs_direct"], ".1%"),
+                fmt(r["cpu_ms_per_1000_tokens"], ".1f", " ms"),
+                fmt(r["rss_mib"], ".0f", " MiB"),
+                fmt(r["threads"], "d"),
+                str(r["slots_busy_after_left"]),
+            ]
+            for r in sorted(rows, key=lambda r: (r["streams"], r["system"] != "direct"))
+        ],
+    )
+    return rows
+
+
+# -- 3. streams cancelled at once ---------------------------------------------------------------
+
+
+def burst(report: Report, sim: Sim, systems: list[System], streams: int, bursts: int) -> None:
     rows = []
     for system in [System("direct", sim.base_url), *systems]:
         print(f"burst: {system.name}", file=sys.stderr)
@@ -470,8 +669,9 @@ def burst(sim: Sim, systems: list[System], streams: int, bursts: int) -> None:
                 str(still_busy),
             ]
         )
-    print(f"### {streams} streams cancelled at once (load average {os.getloadavg()[0]:.2f})\n")
     table(
+        report,
+        f"{streams} streams cancelled at once (load average {os.getloadavg()[0]:.2f})",
         [
             "through",
             "streams that had a first token",
@@ -483,7 +683,7 @@ def burst(sim: Sim, systems: list[System], streams: int, bursts: int) -> None:
     )
 
 
-# -- 3. the cut table --------------------------------------------------------------------------
+# -- 4. the cut table --------------------------------------------------------------------------
 
 
 @dataclass
@@ -570,7 +770,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer trials")
     parser.add_argument("--no-litellm", action="store_true", help="wirecut proxy and direct only")
     parser.add_argument("--litellm-venv", type=Path, default=Path("/tmp/litellm-venv"))
-    parser.add_argument("--only", choices=["overhead", "burst", "cuts"], default=None)
+    parser.add_argument("--only", choices=["overhead", "scale", "burst", "cuts"], default=None)
+    parser.add_argument(
+        "--levels", default="1,64,256,1000", help="the scale's numbers of concurrent streams"
+    )
+    parser.add_argument("--window", type=float, default=10.0, help="seconds measured a level")
+    parser.add_argument("--bursts", default="64,256", help="the burst's numbers of streams")
+    parser.add_argument("--out", type=Path, help="write the tables as DIR/bench_proxy.json")
     args = parser.parse_args()
     program = None if args.no_litellm else ensure_litellm(args.litellm_venv)
     print(
@@ -578,6 +784,13 @@ def main() -> None:
     )
     work = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
     trials = 4 if args.quick else 10
+    levels = [int(n) for n in args.levels.split(",")]
+    report = Report(
+        "bench_proxy",
+        "wirecut proxy beside direct requests and LiteLLM",
+        "Each system its own process in front of the same simulator (bench/bench_proxy.py).",
+    )
+    bursts = [int(n) for n in args.bursts.split(",")]
 
     def systems_for(upstream: str, *, both_litellm: bool = False) -> list[System]:
         found = [start_wirecut(upstream, work)]
@@ -587,21 +800,39 @@ def main() -> None:
                 found.append(start_litellm(program, upstream, work, cancel_on_disconnect=True))
         return found
 
-    if args.only in (None, "overhead", "burst"):
-        # Fast for the overhead; 20 tokens/s for the burst, so that 64
-        # streams do not take the machine (and the simulator's log) over.
+    if args.only in (None, "overhead", "scale", "burst"):
+        # Fast for the overhead; 20 tokens/s for the scale and the burst, as
+        # a team's streams come (and so that a thousand of them do not take
+        # the simulator's log over).
         fast = Sim("--slots", "64", "--tokens-per-second", "500", "--prompt-ms", "0", "--endless")
-        slow = Sim("--slots", "64", "--tokens-per-second", "20", "--prompt-ms", "0", "--endless")
+        slots = str(max([*levels, *bursts]) + 16)
+        slow = Sim("--slots", slots, "--tokens-per-second", "20", "--prompt-ms", "0", "--endless")
         systems: list[System] = []
         try:
             if args.only in (None, "overhead"):
                 systems = systems_for(fast.base_url)
-                overhead(fast, systems, args.quick)
+                overhead(report, fast, systems, args.quick)
                 for system in systems:
                     system.stop()
+                systems = []
+            if args.only in (None, "scale"):
+                report.data["scale"] = scale(
+                    report, slow, lambda: systems_for(slow.base_url), levels, args.window
+                )
+                most = max(levels)
+                started, took, code = sigterm_exit(slow.base_url, work, most)
+                slow.wait_idle(120)
+                report.data["sigterm"] = {"streams": started, "exit_s": took, "code": code}
+                table(
+                    report,
+                    f"SIGTERM to wirecut proxy with {most} streams open",
+                    ["streams that had a first token", "exited after", "exit code"],
+                    [[f"{started}/{most}", f"{took:.2f} s", str(code)]],
+                )
             if args.only in (None, "burst"):
                 systems = systems_for(slow.base_url)
-                burst(slow, systems, 64, 1 if args.quick else 2)
+                for streams in bursts:
+                    burst(report, slow, systems, streams, 1 if args.quick else 2)
         finally:
             for system in systems:
                 system.stop()
@@ -621,15 +852,18 @@ def main() -> None:
             decode_systems = systems_for(decode_sim.base_url, both_litellm=True)
             prompt_systems = systems_for(prompt_sim.base_url, both_litellm=True)
             systems = decode_systems + prompt_systems
-            _cut_rows(decode_systems, prompt_systems, (decode_sim, prompt_sim), trials)
+            _cut_rows(report, decode_systems, prompt_systems, (decode_sim, prompt_sim), trials)
         finally:
             for system in systems:
                 system.stop()
             decode_sim.stop()
             prompt_sim.stop()
+    if args.out:
+        print(f"wrote {report.write(args.out)}", file=sys.stderr)
 
 
 def _cut_rows(
+    report: Report,
     decode_systems: list[System],
     prompt_systems: list[System],
     sims: tuple[Sim, Sim],
@@ -652,8 +886,9 @@ def _cut_rows(
             when = "" if after is None else f" (at {after:.1f} s)"
             mode = "cut during a 5 s prompt phase, " + ("stream" if stream else "non-stream")
             rows.append([prompt.name, mode, f"{c.freed}/{c.trials}{when}", "-", str(c.retried)])
-    print(f"### The cut table, on the simulator (load average {os.getloadavg()[0]:.2f})\n")
     table(
+        report,
+        f"The cut table, on the simulator (load average {os.getloadavg()[0]:.2f})",
         [
             "through",
             "mode",

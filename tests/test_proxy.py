@@ -222,6 +222,8 @@ def test_the_async_sdk_streams_and_gets_whole_answers(tmp_path: Path) -> None:
 
     with proxied(tmp_path) as setup:
         whole, streamed = asyncio.run(main(setup.proxy.base_url))
+        # Records are written off the request path: wait for both to be on disk.
+        setup.wait_health(lambda _: len(setup.records()) == 2)
         assert [r["status"] for r in setup.records()] == ["ok", "ok"]
     assert whole == streamed  # The simulator's words are a function of the prompt.
     assert whole

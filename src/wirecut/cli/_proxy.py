@@ -71,6 +71,13 @@ def _slots(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
 @allowed_hosts_option(
     "A name besides loopback names and IP addresses that the Host header may carry."
 )
+@click.option(
+    "--max-body-bytes",
+    default=4 * 1024 * 1024,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="The largest request body accepted; a larger one is refused with 413.",
+)
 @data_dir_option
 def proxy(
     host: str,
@@ -82,6 +89,7 @@ def proxy(
     api_key_file: Path | None,
     request_timeout: float,
     allowed_hosts: tuple[str, ...],
+    max_body_bytes: int,
     data_dir: Path,
 ) -> None:
     """An OpenAI-compatible gateway whose client disconnect cuts the upstream request."""
@@ -97,6 +105,7 @@ def proxy(
     from wirecut.launch import ProviderUnavailable, given_provider_url, resolve_provider
     from wirecut.proxy import AUTO, Proxy, ProxyConfig
     from wirecut.proxy import serve_forever as serve_proxy
+    from wirecut.serving import raise_descriptor_limit
 
     url, _ = given_provider_url(upstream, "--upstream")
     try:
@@ -117,14 +126,13 @@ def proxy(
                 request_timeout=request_timeout,
                 data_dir=data_dir,
                 allowed_hosts=allowed_hosts,
+                max_body_bytes=max_body_bytes,
             )
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
-        gateway = Proxy(config)
-        info = gateway.probe()
-        slots = "unlimited" if gateway.admission.slots is None else str(gateway.admission.slots)
-        click.echo(f"wirecut proxy: upstream: {provider.label}", err=True)
-        click.echo(f"wirecut proxy: upstream is {info.kind}, {slots} in flight at once", err=True)
+        gateway = Proxy(config, say=lambda line: click.echo(line, err=True))
+        label = provider.label.replace(provider.base_url, gateway.upstream.base_url)
+        click.echo(f"wirecut proxy: upstream: {label}", err=True)
         if provider.note:
             click.echo(f"wirecut proxy: {provider.note}", err=True)
 
@@ -132,6 +140,9 @@ def proxy(
             click.echo(f"wirecut proxy: {base_url}")
             sys.stdout.flush()
 
+        # A stream holds three descriptors (the client's socket, the
+        # upstream's and its dup): the connection cap is fitted to the limit.
+        raise_descriptor_limit()
         code = serve_proxy(gateway, on_listening=announce)
     finally:
         provider.stop()

@@ -8,13 +8,16 @@ per scope, never shared between two scopes, and a cancelled scope's idle
 connections are closed. With no scope bound, it is a plain httpx client.
 ``H1Transport`` is the same promise for HTTP/1.1 streams at a fraction of
 the CPU (httptools instead of httpcore and h11): ``wirecut.provider`` streams
-through it.
+through it. ``AsyncH1Client`` keeps the same promise on an event loop (many
+streams, no thread each): a scope's cut or a cancel of the task closes the
+connection, and the server sees it at once.
 
 ``cut_as_interrupted`` is the one way the layers above turn an error that a
 cut caused into ``Interrupted``. What cannot be cut (name resolution, a Unix
 socket connect) is listed in docs/cancellation-limits.md.
 """
 
+from wirecut.http._async_h1 import AsyncH1Client, AsyncH1Response
 from wirecut.http._backend import (
     DEFAULT_CONNECT_TIMEOUT,
     ScopedNetworkBackend,
@@ -26,6 +29,8 @@ from wirecut.http._transport import ScopedTransport, client
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
+    "AsyncH1Client",
+    "AsyncH1Response",
     "H1Transport",
     "ScopedNetworkBackend",
     "ScopedNetworkStream",

@@ -7,9 +7,9 @@ must be the proxy's own (a page of another site cannot spend its tokens); and
 with a client token, ``Authorization: Bearer TOKEN``, compared in constant
 time. What fails gets an OpenAI-shaped error and no record.
 
-The completion routes are plain ASGI apps (``Completions``): the whole life
-of a request, queue included, runs where its ``receive()`` is watched for the
-client's disconnect (``Exchange``).
+The completion routes are plain ASGI apps (``Completions``), which ``Guard``
+calls itself: the whole life of a request, queue included, runs where its
+``receive()`` is watched for the client's disconnect (``Exchange``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import hmac
 import ipaddress
 import secrets
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx
 from starlette.applications import Starlette
@@ -30,16 +30,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from wirecut.aio import cancel_on_disconnect, run_sync
 from wirecut.proxy._assemble import Endpoint
 from wirecut.proxy._metrics import CONTENT_TYPE
 from wirecut.proxy._proxy import DuplicateId, Proxy
 from wirecut.proxy._record import RecordReason
-from wirecut.proxy._request import BadRequest, check_request_id, parse_request
+from wirecut.proxy._request import BadRequest, check_request_id
+from wirecut.proxy._upstream import BodyTooLarge
 from wirecut.proxy._wire import REQUEST_ID_HEADER, error_body, send_json
-from wirecut.scope import Interrupted
+from wirecut.scope import Interrupted, InterruptScope
 
-__all__ = ["Completions", "Guard", "create_app", "host_allowed"]
+__all__ = ["Completions", "Guard", "confined", "create_app", "host_allowed"]
 
 _LOOPBACK_NAMES = frozenset({"localhost"})
 
@@ -66,9 +66,14 @@ def host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
 class Guard:
     """Host, Origin and token checks in front of ``app`` (see the module docstring)."""
 
-    def __init__(self, app: ASGIApp, proxy: Proxy) -> None:
+    def __init__(
+        self, app: ASGIApp, proxy: Proxy, direct: dict[str, ASGIApp] | None = None
+    ) -> None:
         self.app = app
         self.proxy = proxy
+        # POST routes served without Starlette's router and middleware: a
+        # streamed token passes every wrapper of ``send`` once.
+        self._direct = direct or {}
         token = proxy.config.token
         self._token = None if token is None else token.encode()
 
@@ -86,7 +91,8 @@ class Guard:
         elif self._token is not None and not self._authorized(headers.get(b"authorization")):
             problem = (401, "token", "a valid token is required (Authorization: Bearer TOKEN)")
         if problem is None:
-            await self.app(scope, receive, send)
+            direct = self._direct.get(scope["path"]) if scope["method"] == "POST" else None
+            await (direct or self.app)(scope, receive, send)
             return
         status, why, message = problem
         self.proxy.metrics.rejected.labels(why).inc()
@@ -123,17 +129,20 @@ class Completions:
         except BadRequest as exc:
             await self._reject(send, 400, "request_id", exc.message, None, exc.param)
             return
-        raw = await _read_body(receive, proxy.config.max_body_bytes)
+        limit = proxy.config.max_body_bytes
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+            raw: bytes | None = _TOO_LARGE  # Refused before a byte of it is read.
+        else:
+            raw = await _read_body(receive, limit)
         if raw is None:
             return  # The client left before its request was whole: nothing to do.
         if raw is _TOO_LARGE:
-            limit = proxy.config.max_body_bytes
-            await self._reject(
-                send, 413, "body", f"the request body exceeds {limit} bytes", request_id
-            )
+            message = f"the request body exceeds {limit} bytes (--max-body-bytes)"
+            await self._reject(send, 413, "body", message, request_id)
             return
         try:
-            request = parse_request(raw, self.endpoint, request_id, proxy.config.model)
+            request = await proxy.parser.parse(raw, self.endpoint, request_id, proxy.config.model)
         except BadRequest as exc:
             await self._reject(send, 400, "body", exc.message, request_id, exc.param)
             return
@@ -204,15 +213,28 @@ def create_app(proxy: Proxy) -> ASGIApp:
 
     async def passthrough(request: Request) -> Response:
         request_id = secrets.token_hex(12)
-        path = request.path_params["path"]
+        upstream = proxy.upstream
+        path = confined(request.path_params["path"])
+        if path is None:
+            message = f"GET {request.url.path} is not served by wirecut proxy"
+            return JSONResponse(_error(message, "invalid_request_error"), status_code=404)
+        target = upstream.target(path)
+        query = request.scope["query_string"].decode("latin-1")
+        if query:
+            target += "?" + query
+        scope = InterruptScope(f"proxy-get-{request_id}")
+        limit = proxy.config.response_limits.body_bytes
         try:
-            async with cancel_on_disconnect(request) as scope:
-                status, content_type, body = await run_sync(
-                    proxy.upstream.get, path, request.url.query, scope=scope
-                )
+            async with cut_on_disconnect(request, scope):
+                status, content_type, body = await upstream.get(target, scope=scope, limit=limit)
         except httpx.HTTPError as exc:
-            message = f"the upstream {proxy.upstream.base_url} could not be reached: {exc}"
+            message = f"the upstream {upstream.base_url} could not be reached: {exc}"
             return JSONResponse(_error(message, "upstream_error"), status_code=502)
+        except BodyTooLarge as exc:
+            message = f"the upstream {upstream.base_url} sent too much: {exc}"
+            return JSONResponse(_error(message, "upstream_error"), status_code=502)
+        except ValueError as exc:  # a query that cannot go on a request line
+            return JSONResponse(_error(str(exc), "invalid_request_error"), status_code=400)
         except Interrupted:
             return Response(status_code=499)  # The client left: nobody reads this.
         return Response(
@@ -235,14 +257,16 @@ def create_app(proxy: Proxy) -> ASGIApp:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        proxy.start()
+        await proxy.start()
         yield
         await proxy.shutdown()
 
+    completions: dict[str, ASGIApp] = {
+        "/v1/chat/completions": Completions(proxy, Endpoint.CHAT),
+        "/v1/completions": Completions(proxy, Endpoint.TEXT),
+    }
     app = Starlette(
         routes=[
-            Route("/v1/chat/completions", Completions(proxy, Endpoint.CHAT), methods=["POST"]),
-            Route("/v1/completions", Completions(proxy, Endpoint.TEXT), methods=["POST"]),
             Route("/v1/requests/{id}/cancel", cancel, methods=["POST"]),
             Route("/v1/{path:path}", passthrough, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
@@ -251,7 +275,37 @@ def create_app(proxy: Proxy) -> ASGIApp:
         exception_handlers={404: not_found, 405: not_found},
         lifespan=lifespan,
     )
-    return Guard(app, proxy)
+    return Guard(app, proxy, completions)
+
+
+@contextlib.asynccontextmanager
+async def cut_on_disconnect(request: Request, scope: InterruptScope) -> AsyncIterator[None]:
+    """Cancel ``scope`` if the client disconnects while the block runs (event loop)."""
+
+    async def watch() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                scope.cancel("disconnect")
+                return
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
+
+
+def confined(path: str) -> str | None:
+    """``path`` (decoded, under ``/v1/``) quoted for the upstream; None if it would leave ``/v1``.
+
+    A dot segment (``..``, also sent as ``%2E%2E``), or a backslash that a
+    server may read as a slash, would reach the upstream's other routes
+    (``/slots``, ``/metrics``) with the proxy's key.
+    """
+    if "\\" in path or any(segment in (".", "..") for segment in path.split("/")):
+        return None
+    return quote(path, safe="/:@!$&'()*+,;=-._~")
 
 
 def _error(message: str, type_: str) -> dict[str, object]:

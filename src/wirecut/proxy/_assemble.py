@@ -7,8 +7,8 @@ that a client who asked for no stream expects, from the same chunks: every
 choice by its ``index``, text fields concatenated, tool calls merged by
 their ``index``, log-probabilities appended, the last ``finish_reason``.
 
-Fed by the one thread that reads the upstream; ``Tally`` is read on the
-event loop once that thread has returned.
+Fed by the relay, on the event loop. A streaming client's events are not
+all parsed (``_events.look``): ``Tally`` then counts a delta without one.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ class Endpoint(enum.StrEnum):
 class Tally:
     """What the upstream produced for one request, as far as the proxy saw it."""
 
-    __slots__ = ("deltas", "finished", "model", "provider_usage", "requests")
+    __slots__ = ("deltas", "finished_choices", "model", "provider_usage", "requests")
 
     def __init__(self) -> None:
         self.requests = 0  # requests whose headers went out to the upstream
         self.deltas = 0  # choices that carried new text or a tool-call part
-        self.finished = False  # a finish_reason arrived
+        self.finished_choices: set[int] = set()  # the indexes that got a finish_reason
         self.model: str | None = None
         self.provider_usage: dict[str, Any] | None = None
 
@@ -50,11 +50,12 @@ class Tally:
         choices = chunk.get("choices")
         if not isinstance(choices, list):
             return
-        for choice in choices:
+        for position, choice in enumerate(choices):
             if not isinstance(choice, dict):
                 continue
             if choice.get("finish_reason"):
-                self.finished = True
+                index = choice.get("index", position)
+                self.finished_choices.add(index if isinstance(index, int) else position)
             delta = choice.get("delta")
             if isinstance(delta, dict):
                 if (
@@ -65,6 +66,10 @@ class Tally:
                     self.deltas += 1
             elif choice.get("text"):
                 self.deltas += 1
+
+    def all_finished(self, choices: int) -> bool:
+        """True if ``choices`` choices (the request's ``n``) each got a finish_reason."""
+        return len(self.finished_choices) >= choices
 
     def usage(self) -> Usage:
         """The upstream's usage when it sent one, else the deltas received (``estimated``)."""

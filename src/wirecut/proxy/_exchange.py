@@ -1,113 +1,140 @@
 """``Exchange``: one proxied completion, from its arrival to its record.
 
-Its life is QUEUED (in the proxy's FIFO) -> UPSTREAM (its worker thread at
-the upstream) -> DONE (its record written); a cut may come in either of the
-first two and ends it in DONE. ``cancel(reason)`` is the one way a request is
-cut, whoever asks (the client leaving, ``POST /v1/requests/{id}/cancel``,
-the timeout, the proxy stopping): first reason wins, a cancel of a finished
-request does nothing.
+Its life is the transition table of ``_lifecycle``: QUEUED (in the proxy's
+FIFO) -> UPSTREAM (its relay task at the upstream) -> DONE (its record
+written), through UNWINDING when it is cut. ``cancel(reason)`` is the one way
+a request is cut, whoever asks (the client leaving, ``POST
+/v1/requests/{id}/cancel``, the timeout, the proxy stopping): the first
+reason wins, and a cancel of a finished request does nothing.
 
 The cut, by phase:
 
 - queued: it leaves the FIFO and never reaches the upstream;
-- at the upstream (connecting, prompt, decoding): the scope shuts the
-  upstream socket down (the upstream sees the close at its next write) and
-  ``run_sync`` waits, bounded by ``unwind_timeout``, for the worker to return.
+- at the upstream (connecting, prompt, decoding, or waiting for the client
+  to take what was relayed): the scope shuts the upstream socket down (the
+  upstream sees the close at once) and the relay task is cancelled; the
+  record is written when the task has ended, with the upstream connection
+  closed, and only then is the upstream slot given back.
 
-Everything here runs on the event loop except ``relay``, which runs in the
-worker thread under the request's scope.
+A streamed answer is relayed by the relay task itself, as fast as the client
+reads it: the request stays live (and cancellable by id, and bound by its
+timeout) until the upstream's answer has been handed to the client's
+connection.
+
+Event loop only. What the exchange needs of the proxy comes in the
+constructor (``ExchangeContext``), never by reaching into it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from starlette.types import Receive, Send
 
-from wirecut.aio import Unwind, run_sync, unwind_of
+from wirecut.provider import ResponseLimits
+from wirecut.proxy._admission import Admission
 from wirecut.proxy._assemble import Tally
-from wirecut.proxy._channel import HEAD, Channel
+from wirecut.proxy._lifecycle import ExchangeEvent, ExchangeLifecycle, ExchangeState
 from wirecut.proxy._record import ProxyRecord, RecordReason
 from wirecut.proxy._relay import Outcome, RelayResult, relay
 from wirecut.proxy._request import ClientRequest
-from wirecut.proxy._wire import error_body, error_event, send_body, send_json, send_start
-from wirecut.scope import Interrupted, InterruptScope
+from wirecut.proxy._upstream import Upstream
+from wirecut.proxy._wire import FINAL, error_body, error_event, send_body, send_json, send_start
+from wirecut.scope import InterruptScope
 
-if TYPE_CHECKING:
-    from wirecut.proxy._proxy import Proxy
-
-__all__ = ["Exchange", "ExchangeState"]
+__all__ = ["Exchange", "ExchangeContext", "ExchangeState"]
 
 _log = logging.getLogger("wirecut.proxy")
 
 # What a client still connected gets when its request was cut: the HTTP
 # status (499 is gRPC's and nginx's "cancelled by the client's side"), the
-# error type and a message.
+# error type and a message. A timeout and a cancel by id are final: an SDK
+# must not send the request again (``FINAL``); a stopping proxy's 503 may be.
 _CUT_ANSWERS = {
     RecordReason.CANCEL: (499, "cancelled", "the request was cancelled by id"),
     RecordReason.TIMEOUT: (504, "timeout", "the request took longer than --request-timeout"),
     RecordReason.SHUTDOWN: (503, "unavailable", "the proxy is stopping"),
 }
+_STREAM_HEADERS = {"cache-control": "no-cache"}
 
 
-class ExchangeState(enum.Enum):
-    """Where a proxied request is; it only moves down this list."""
+@dataclass(frozen=True)
+class ExchangeContext:
+    """What an exchange needs of the proxy that runs it."""
 
-    QUEUED = "queued"  # waiting in the proxy's FIFO for an upstream slot
-    UPSTREAM = "upstream"  # admitted: its worker is at the upstream
-    DONE = "done"  # finished or cut; its record is written
+    upstream: Upstream
+    admission: Admission
+    request_timeout: float
+    connect_retries: int
+    limits: ResponseLimits
+    #: Called once with the exchange when its record is decided (it writes and counts it).
+    finished: Callable[[Exchange], None]
+
+
+class _Downstream:
+    """The client's side of a streamed answer: the ASGI ``send``, and whether it began."""
+
+    __slots__ = ("_id", "send", "started")
+
+    def __init__(self, send: Send, request_id: str) -> None:
+        self.send = send
+        self._id = request_id
+        self.started = False
+
+    async def start(self) -> None:
+        await send_start(self.send, 200, "text/event-stream", self._id, _STREAM_HEADERS)
+        self.started = True
 
 
 class Exchange:
     """One proxied completion request. Event loop only (see the module docstring)."""
 
-    def __init__(self, proxy: Proxy, request_id: str, request: ClientRequest) -> None:
-        self.proxy = proxy
+    def __init__(self, context: ExchangeContext, request_id: str, request: ClientRequest) -> None:
+        self._context = context
         self.id = request_id
         self.request = request
-        # Its own scope while it waits; at admission, a lane's (see _lanes).
         self.scope = InterruptScope(f"proxy-{request_id}")
-        self.state = ExchangeState.QUEUED
+        self.lifecycle = ExchangeLifecycle(request_id)
         self.reason: RecordReason | None = None
         self.record: ProxyRecord | None = None
         self.tally = Tally()
         self.arrived_at = time.monotonic()
         self.admitted_at: float | None = None
-        self.worker_exited_at: float | None = None
-        # Set by cancel(): wakes the FIFO wait.
-        self.stopped = asyncio.Event()
-        # Set once the record is written (cancel by id answers with it).
+        self.worker_exited_at: float | None = None  # the relay task ended
         self.finished = asyncio.Event()
-        self._worker: asyncio.Future[RelayResult] | None = None
-        self._relay_entered = False  # set in the worker thread as the relay starts
-        self._released = False  # the admission slot was given back
+        # Set by cancel(): ends the wait in the FIFO.
+        self._stopped = asyncio.Event()
+        self._relay: asyncio.Task[RelayResult] | None = None
+
+    @property
+    def state(self) -> ExchangeState:
+        return self.lifecycle.state
 
     def cancel(self, reason: RecordReason) -> bool:
-        """Cut this request for ``reason``; False if it was already cut or is done.
+        """Cut this request for ``reason``; False if it was cut already or is done.
 
-        Never blocks: the FIFO wait wakes, the scope cuts the upstream socket,
-        and the worker task's cancel makes ``run_sync`` bound the unwind.
+        Never blocks: the FIFO wait wakes, the scope shuts the upstream
+        socket down, and the relay task is cancelled.
         """
-        if self.state is ExchangeState.DONE or self.reason is not None:
-            return False
+        old, new = self.lifecycle.fire(ExchangeEvent.CANCEL)
+        if old is new:
+            return False  # Cut already (the first reason stays), or done.
         self.reason = reason
-        self.stopped.set()
+        self._stopped.set()
         self.scope.cancel(str(reason))
-        if self._worker is not None:
-            self._worker.cancel()
+        if self._relay is not None:
+            self._relay.cancel()
         return True
 
     async def serve(self, receive: Receive, send: Send) -> None:
-        """Run the request to its end and answer the client; write the record."""
+        """Run the request to its end and answer the client; the record is written on the way."""
         loop = asyncio.get_running_loop()
         watch = asyncio.create_task(self._watch_disconnect(receive))
-        timer = loop.call_later(
-            self.proxy.config.request_timeout, self.cancel, RecordReason.TIMEOUT
-        )
+        timer = loop.call_later(self._context.request_timeout, self.cancel, RecordReason.TIMEOUT)
         try:
             await self._serve(send)
         except asyncio.CancelledError:
@@ -129,94 +156,57 @@ class Exchange:
                 return
 
     async def _serve(self, send: Send) -> None:
-        admission = self.proxy.admission
-        if not await admission.enter(self.stopped):
+        context = self._context
+        if not await context.admission.enter(self._stopped):
             self._finish(None)
             await self._answer_cut(send, started=False)
             return
+        self.lifecycle.fire(ExchangeEvent.ADMIT)
         self.admitted_at = time.monotonic()
-        self.state = ExchangeState.UPSTREAM
-        self.scope = self.proxy.lanes.take()
-        channel = Channel(asyncio.get_running_loop())
-        worker = asyncio.ensure_future(
-            run_sync(
-                self._relay,
-                channel,
-                scope=self.scope,
-                unwind_timeout=self.proxy.config.unwind_timeout,
-                executor=self.proxy.workers,
-            )
-        )
-        self._worker = worker
-        # A worker still running at the unwind bound never closes the
-        # channel itself: the task's end does.
-        worker.add_done_callback(lambda _: channel.close())
-        if self.reason is not None:
-            worker.cancel()  # Cut between the admission and the start.
-        pump = asyncio.create_task(self._pump(channel, send))
+        downstream = _Downstream(send, self.id)
+        task = asyncio.create_task(self._run_relay(downstream))
+        self._relay = task
         result: RelayResult | None = None
-        unwind = None
         try:
-            result = await worker
-        except asyncio.CancelledError as exc:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                pump.cancel()
+            result = await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                task.cancel()
                 raise  # Our own task is being torn down (serve() records it).
-            unwind = unwind_of(exc)
-            result = _result_of(unwind)
-        except Interrupted:
-            pass  # Cut before the worker took the request: nothing was sent.
+            result = RelayResult(Outcome.CUT)
         except Exception:
             _log.exception("the proxy failed relaying %s", self.id)
-        if not self._relay_entered and (unwind is None or unwind.worker_exited):
-            # The relay never ran and never will: its slot is ours to give back.
-            self._release()
+        finally:
+            if task.done():
+                # The upstream connection is closed or back in the pool: only
+                # now may the next request take the slot.
+                context.admission.leave()
+            else:
+                task.add_done_callback(lambda _: context.admission.leave())
         self._finish(result)
-        started = await pump
-        await self._answer(send, result, started)
+        await self._answer(send, result, downstream.started)
 
-    def _relay(self, channel: Channel) -> RelayResult:
-        """In the worker thread, with the scope bound."""
-        self._relay_entered = True
+    async def _run_relay(self, downstream: _Downstream) -> RelayResult:
+        context = self._context
         try:
-            return relay(
-                self.proxy.upstream,
+            return await relay(
+                context.upstream,
                 self.request.upstream,
-                channel,
                 self.tally,
-                self.proxy.config.connect_retries,
+                self.scope,
+                downstream,
+                connect_retries=context.connect_retries,
+                limits=context.limits,
             )
         finally:
             self.worker_exited_at = time.monotonic()
-            channel.close()
-            # The upstream socket is closed by now (the response's close, in
-            # this thread): only now may the next request take the slot.
-            self.proxy.call_soon(self._release)
-
-    def _release(self) -> None:
-        """Give the upstream slot back, once (event loop)."""
-        if not self._released:
-            self._released = True
-            self.proxy.admission.leave()
-
-    async def _pump(self, channel: Channel, send: Send) -> bool:
-        """Forward the streamed pieces; True if the response headers went out."""
-        started = False
-        while (pieces := await channel.get()) is not None:
-            for piece in pieces:
-                if piece == HEAD:
-                    await send_start(send, 200, "text/event-stream", self.id, _STREAM_HEADERS)
-                    started = True
-                elif started:
-                    await send_body(send, piece, more=True)
-        return started
 
     def _finish(self, result: RelayResult | None) -> None:
-        """Write the record, once, from the relay's result (None: it never ran or returned)."""
-        if self.state is ExchangeState.DONE:
+        """Decide the record, once, from the relay's result (None: it never ran or returned)."""
+        old, _ = self.lifecycle.fire(ExchangeEvent.FINISH)
+        if old is ExchangeState.DONE:
             return
-        self.state = ExchangeState.DONE
         complete = result is not None and result.outcome is Outcome.COMPLETE
         reason = self.reason
         if (
@@ -241,10 +231,7 @@ class Exchange:
             scope=self.scope,
             worker_exited_at=self.worker_exited_at,
         )
-        if self.worker_exited_at is not None:
-            # Done with it (cancel() no longer touches a DONE request's scope).
-            self.proxy.lanes.give_back(self.scope)
-        self.proxy.finished(self)
+        self._context.finished(self)
         self.finished.set()
 
     async def _answer(self, send: Send, result: RelayResult | None, started: bool) -> None:
@@ -292,18 +279,6 @@ class Exchange:
             await send_body(send, error_event(message, type_, type_), more=True)
             await send_body(send, b"")
         else:
-            await send_json(send, status, error_body(message, type_, code=type_), self.id)
-
-
-_STREAM_HEADERS = {"cache-control": "no-cache"}
-
-
-def _result_of(unwind: Unwind | None) -> RelayResult | None:
-    """The relay's result if its thread returned one by the unwind bound."""
-    if unwind is None:
-        return None
-    future = unwind.future
-    if not future.done() or future.cancelled() or future.exception() is not None:
-        return None
-    result = future.result()
-    return result if isinstance(result, RelayResult) else None
+            extra = None if self.reason is RecordReason.SHUTDOWN else FINAL
+            body = error_body(message, type_, code=type_)
+            await send_json(send, status, body, self.id, extra=extra)

@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from wirecut.proxy._record import ProxyRecord
+from wirecut.serving import ConnectionGuard, Dropped
 
 __all__ = ["CONTENT_TYPE", "ProxyMetrics"]
 
@@ -24,9 +25,17 @@ _MS_BUCKETS = (0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 1000
 
 
 class ProxyMetrics:
-    """The metrics of one proxy; ``gauges`` reads (in flight, queued, slots) at scrape time."""
+    """The metrics of one proxy; ``gauges`` reads (in flight, queued, slots) at scrape time.
 
-    def __init__(self, gauges: Callable[[], tuple[int, int, int | None]]) -> None:
+    ``records`` reads the record log's (pending, dropped) lines at scrape time.
+    """
+
+    def __init__(
+        self,
+        gauges: Callable[[], tuple[int, int, int | None]],
+        records: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        guard: Callable[[], ConnectionGuard | None] = lambda: None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "wirecut_proxy_requests",
@@ -62,7 +71,7 @@ class ProxyMetrics:
             buckets=_MS_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(_Gauges(gauges))
+        self.registry.register(_Gauges(gauges, records, guard))
 
     def observe(self, record: ProxyRecord) -> None:
         self.requests.labels(str(record.status), str(record.reason or "none")).inc()
@@ -78,8 +87,15 @@ class ProxyMetrics:
 
 
 class _Gauges(Collector):
-    def __init__(self, read: Callable[[], tuple[int, int, int | None]]) -> None:
+    def __init__(
+        self,
+        read: Callable[[], tuple[int, int, int | None]],
+        records: Callable[[], tuple[int, int]],
+        guard: Callable[[], ConnectionGuard | None],
+    ) -> None:
         self._read = read
+        self._records = records
+        self._guard = guard
 
     def collect(self) -> Iterable[Metric]:
         in_flight, queued, slots = self._read()
@@ -94,3 +110,27 @@ class _Gauges(Collector):
             "Requests the proxy lets in flight at once (-1: unlimited).",
             value=-1 if slots is None else slots,
         )
+        pending, dropped = self._records()
+        yield GaugeMetricFamily(
+            "wirecut_proxy_records_pending",
+            "Records waiting for a write to proxy.jsonl that can succeed (a full disk).",
+            value=pending,
+        )
+        yield CounterMetricFamily(
+            "wirecut_proxy_records_dropped",
+            "Records that could neither be written nor kept for a later write.",
+            value=dropped,
+        )
+        guard = self._guard()
+        if guard is not None:
+            yield GaugeMetricFamily(
+                "wirecut_connections_open", "Open client connections.", value=guard.open
+            )
+            ended = CounterMetricFamily(
+                "wirecut_connections_dropped",
+                "Client connections the proxy ended for a limit, by why.",
+                labels=["why"],
+            )
+            for why in Dropped:
+                ended.add_metric([why.value], guard.dropped[why])
+            yield ended

@@ -4,17 +4,14 @@ The shape is fixed by docs/protocol.md ("The proxy"): the same facts as the
 console's ``complete``, made of the same parts (``wirecut.record``: the
 status, the usage, the unwind timeline), for one proxied request; only the
 reasons are the proxy's own. Built once per request, on the event loop, by
-``ProxyRecord.build``; ``RecordLog`` appends it to ``DATA_DIR/proxy.jsonl``.
+``ProxyRecord.build``; ``RecordLog`` (``_record_log``) writes it to
+``DATA_DIR/proxy.jsonl``.
 """
 
 from __future__ import annotations
 
 import enum
-import json
-import os
-import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from wirecut.provider import Usage
@@ -34,7 +31,6 @@ __all__ = [
     "RECORD_FILE",
     "WORKER_EXITED",
     "ProxyRecord",
-    "RecordLog",
     "RecordReason",
 ]
 
@@ -147,31 +143,3 @@ class ProxyRecord:
             "cancel_to_upstream_close_ms": self.cancel_to_upstream_close_ms,
             "timeline": [step.to_wire() for step in self.timeline],
         }
-
-
-class RecordLog:
-    """Appends records to ``path`` (created 0600), one JSON line each; None: keeps none.
-
-    Safe from any thread (a lock keeps two lines from interleaving); called
-    on the event loop, where one short append costs microseconds.
-    """
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self._lock = threading.Lock()  # one line at a time
-        self._fd: int | None = None
-
-    def append(self, record: ProxyRecord) -> None:
-        if self.path is None:
-            return
-        line = json.dumps(record.to_json(), separators=(",", ":")) + "\n"
-        with self._lock:
-            if self._fd is None:
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            os.write(self._fd, line.encode())
-
-    def close(self) -> None:
-        with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None

@@ -1,40 +1,57 @@
-"""``relay``: one request to the upstream, read to its end or to the cut.
+"""``relay``: one request to the upstream, read to its end or to the cut, on the event loop.
 
-Runs in a worker thread with the request's scope bound (``wirecut.aio.run_sync``),
-so the scoped transport registers the upstream socket with that scope and a
-cut (the client left, a cancel, the timeout) shuts it down: the read wakes at
-once with ``Interrupted`` and the upstream sees the close at its next write.
+Runs as a task of its own, under the request's scope: the upstream socket is
+registered with that scope, so a cut (the client left, a cancel, the
+timeout) shuts it down, the upstream sees the close at once, and the read
+ends with ``Interrupted``; the exchange also cancels the task, which ends a
+wait on the client (a client that does not read) or on a retry's pause.
 
-The request always streams on the wire. A streaming client gets each event as
-it arrives, through the ``Channel``; a non-streaming client gets the answer
-that ``Assembler`` built from the same events, in the ``RelayResult``.
+The request always streams on the wire. A streaming client gets each event
+as it arrives (``Downstream``), only as fast as it reads: the upstream's
+socket is not read while a send to the client waits, so nothing piles up in
+the proxy. A client that asked for no stream gets the answer that
+``Assembler`` builds from the same events, in the ``RelayResult``. The
+stream's end is ``[DONE]``: the request ends there, whatever the upstream
+does after it (its connection is kept only if its body ended cleanly too).
 
-Retries: only before the upstream has the request. A connect that fails (the
-request headers never went out) is tried again, ``connect_retries`` times at
-most, after a short pause that a cut ends; an error status, a broken stream
-or anything after the headers went out is never retried, and nothing is
-retried under a cancelled scope (the transport refuses to connect).
+Retries: only before the upstream has the request. A connect that fails (no
+byte of the request went out) is tried again, ``connect_retries`` times at
+most, after a short pause; an error status, a broken stream or anything
+after the request went out is never retried, and nothing is retried once
+cut (the task is cancelled, and the scope refuses to connect).
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import enum
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
+from starlette.types import Send
 
-import wirecut.scope as ws
+from wirecut._json import JSONError, loads
+from wirecut.provider import ResponseLimits
 from wirecut.proxy._assemble import Assembler, Endpoint, Tally
-from wirecut.proxy._channel import HEAD, Channel
-from wirecut.proxy._upstream import Upstream
-from wirecut.scope import Interrupted
+from wirecut.proxy._eager import EagerSender
+from wirecut.proxy._events import (
+    DELTA,
+    DONE,
+    DONE_BLOCK,
+    PARSE,
+    EventSplitter,
+    EventTooLarge,
+    encode,
+    parse_block,
+)
+from wirecut.proxy._upstream import BodyTooLarge, Upstream, read_bounded
+from wirecut.scope import Interrupted, InterruptScope
 
 __all__ = [
     "ERROR_BODY_LIMIT",
-    "EventSplitter",
+    "Downstream",
     "Outcome",
     "RelayResult",
     "UpstreamRequest",
@@ -46,8 +63,8 @@ ERROR_BODY_LIMIT = 64 * 1024
 #: Pause before connect retry n (0-based): RETRY_PAUSE * 2**n seconds.
 RETRY_PAUSE = 0.1
 
-_DONE = b"[DONE]"
 _DONE_EVENT = b"data: [DONE]\n\n"
+_BODY = "http.response.body"
 
 
 class Outcome(enum.Enum):
@@ -56,12 +73,12 @@ class Outcome(enum.Enum):
     COMPLETE = "complete"  # the answer arrived whole
     CUT = "cut"  # the scope cut it; the exchange knows why
     REFUSED = "refused"  # the upstream answered an error status: passed on as it is
-    FAILED = "failed"  # no connection after the retries, or the stream broke off or said error
+    FAILED = "failed"  # no connection, or the upstream broke off, said error, or sent too much
 
 
 @dataclass
 class RelayResult:
-    """What the worker hands back to the event loop.
+    """What the relay hands back to the exchange.
 
     ``body``: the non-stream answer (COMPLETE), the upstream's error body
     (REFUSED, at most ``ERROR_BODY_LIMIT`` bytes) or its error event
@@ -86,79 +103,77 @@ class UpstreamRequest:
     body: bytes
     stream: bool  # the client asked for a stream
     include_usage: bool  # the client asked for the usage chunk (stream_options)
+    choices: int = 1  # how many choices the client asked for (n)
 
 
-class _Sent:
-    """httpcore's trace hook: notes, and counts, the request once its headers go out.
+class Downstream(Protocol):
+    """The client's side of a streamed answer: ``start()`` sends the head, then ``send``."""
 
-    Counted there, not when the response begins: a cut during a long prompt
-    (llama.cpp sends no headers before the first token) ends the send
-    itself, and the upstream had the request all the same.
-    """
+    #: The client's ASGI ``send``, for ``http.response.body`` messages once started.
+    send: Send
 
-    __slots__ = ("sent", "tally")
-
-    def __init__(self, tally: Tally) -> None:
-        self.sent = False
-        self.tally = tally
-
-    def trace(self, event: str, info: dict[str, Any]) -> None:
-        if event.endswith(".send_request_headers.started") and not self.sent:
-            self.sent = True
-            self.tally.requests += 1
+    async def start(self) -> None:
+        """Send the response head (200, an event stream)."""
 
 
-def relay(
+async def relay(
     upstream: Upstream,
     request: UpstreamRequest,
-    channel: Channel,
     tally: Tally,
+    scope: InterruptScope,
+    downstream: Downstream,
+    *,
     connect_retries: int,
+    limits: ResponseLimits,
 ) -> RelayResult:
     """Send ``request`` upstream and relay its answer; see the module docstring.
 
-    Call in a worker thread with the request's scope bound. Returns a
-    ``RelayResult`` in every case a cut, the upstream or the network can
-    cause; raises only for a bug.
+    Returns a ``RelayResult`` in every case a cut, the upstream or the
+    network can cause; raises only for a bug.
+
+    Cancellation: a cancel of the task passes through (``CancelledError``),
+    with the upstream connection shut down and closed on the way out.
     """
-    headers = {
-        **upstream.headers,
-        "Content-Type": "application/json",
-        "Accept": "text/event-stream",
-        "X-Request-Id": request.id,
-    }
-    url = upstream.url(request.endpoint)
+
+    def sent() -> None:
+        if not state.sent:
+            state.sent = True
+            tally.requests += 1
+
+    state = _Sent()
+    headers = [
+        *upstream.headers,
+        ("Content-Type", "application/json"),
+        ("Accept", "text/event-stream"),
+        ("X-Request-Id", request.id),
+    ]
+    target = upstream.target(request.endpoint)
     try:
         for attempt in range(connect_retries + 1):
-            state = _Sent(tally)
-            # Straight to the scoped transport: the client's layers (auth,
-            # redirects, cookies, default headers) do nothing for the proxy
-            # and cost a large part of a loopback first token.
-            outgoing = httpx.Request(
-                "POST",
-                url,
-                content=request.body,
-                headers=headers,
-                extensions={"trace": state.trace, "timeout": upstream.timeout},
-            )
             try:
-                response = upstream.transport.handle_request(outgoing)
-            except httpx.TransportError as exc:
-                connect_failed = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
-                if state.sent or not connect_failed or attempt == connect_retries:
-                    what = "cannot connect to" if connect_failed else "lost"
+                response = await upstream.client.send(
+                    "POST", target, headers, request.body, scope=scope, on_sent=sent
+                )
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if state.sent or attempt == connect_retries:
                     return RelayResult(
-                        Outcome.FAILED, error=f"{what} the upstream {upstream.base_url}: {exc}"
+                        Outcome.FAILED,
+                        error=f"cannot connect to the upstream {upstream.base_url}: {exc}",
                     )
-                ws.sleep(RETRY_PAUSE * 2**attempt)  # A cut wakes it with Interrupted.
+                await asyncio.sleep(RETRY_PAUSE * 2**attempt)
                 continue
-            response.request = outgoing
+            except httpx.HTTPError as exc:
+                return RelayResult(
+                    Outcome.FAILED, error=f"lost the upstream {upstream.base_url}: {exc}"
+                )
             try:
-                return _read(response, request, channel, tally)
+                return await _read(response, request, tally, downstream, limits)
             except httpx.HTTPError as exc:
                 return RelayResult(
                     Outcome.FAILED, error=f"the upstream connection broke: {type(exc).__name__}"
                 )
+            except (BodyTooLarge, EventTooLarge) as exc:
+                return RelayResult(Outcome.FAILED, error=str(exc))
             finally:
                 response.close()
     except Interrupted:
@@ -166,12 +181,26 @@ def relay(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _read(
-    response: httpx.Response, request: UpstreamRequest, channel: Channel, tally: Tally
+class _Sent:
+    __slots__ = ("sent",)
+
+    def __init__(self) -> None:
+        self.sent = False
+
+
+async def _read(
+    response: Any,
+    request: UpstreamRequest,
+    tally: Tally,
+    downstream: Downstream,
+    limits: ResponseLimits,
 ) -> RelayResult:
-    content_type = response.headers.get("content-type", "")
+    content_type = (response.header(b"content-type") or b"").decode("latin-1")
     if response.status_code >= 400:
-        body = _bounded(response)
+        try:
+            body = await read_bounded(response, ERROR_BODY_LIMIT, "the error body")
+        except BodyTooLarge:
+            body = b""
         return RelayResult(
             Outcome.REFUSED,
             status_code=response.status_code,
@@ -181,198 +210,276 @@ def _read(
         )
     if "text/event-stream" not in content_type:
         # An upstream that ignored "stream": true answered whole.
-        return _whole(response.read(), request, channel, tally)
-    assembler = None if request.stream else Assembler(request.endpoint)
+        raw = await read_bounded(response, limits.body_bytes, "the upstream's answer")
+        return await _whole(raw, request, tally, downstream)
     if request.stream:
-        channel.put(HEAD)
-    splitter = EventSplitter()
-    done = False
-    pieces = response.iter_bytes()
-    for data in pieces:
-        out: list[bytes] = []
-        for name, payload in splitter.feed(data):
-            failed = _event(name, payload, request, tally, assembler, out)
-            if failed is not None:
-                if out:
-                    channel.put(b"".join(out))
-                return failed
-            if payload == _DONE:
-                done = True
-                break
-        if out:
-            channel.put(b"".join(out))
-        if done:
-            break
-    else:
-        for name, payload in splitter.end():
-            out = []
-            failed = _event(name, payload, request, tally, assembler, out)
-            if out:
-                channel.put(b"".join(out))
-            if failed is not None:
-                return failed
-            done = done or payload == _DONE
-    if done:
-        # Read to the end of the body (its chunked terminator) so that the
-        # connection can serve the next request of this scope; what comes
-        # after [DONE] is not part of the answer.
-        with contextlib.suppress(httpx.HTTPError):
-            for _ in pieces:
-                pass
-    if not (done or tally.finished):
-        return RelayResult(
-            Outcome.FAILED,
-            error="the upstream's stream ended before [DONE] or a finish_reason",
-        )
-    if assembler is not None:
-        return RelayResult(Outcome.COMPLETE, body=_dumps(assembler.result()))
-    if not done:
-        channel.put(_DONE_EVENT)  # Finished without [DONE]: the client still gets its end.
-    return RelayResult(Outcome.COMPLETE)
+        return await _stream(response, request, tally, downstream, limits)
+    return await _assemble(response, request, tally, limits)
 
 
-def _event(
-    name: bytes | None,
-    payload: bytes,
+async def _stream(
+    response: Any,
     request: UpstreamRequest,
     tally: Tally,
-    assembler: Assembler | None,
-    out: list[bytes],
-) -> RelayResult | None:
-    """Take one event; append what the client gets to ``out``; a RelayResult if it failed."""
-    if payload == _DONE:
-        if assembler is None:
-            out.append(_DONE_EVENT)
-        return None
+    downstream: Downstream,
+    limits: ResponseLimits,
+) -> RelayResult:
+    """Relay the events to a streaming client, looking at each only as much as needed.
+
+    The events are taken in the upstream connection's read callback
+    (``AsyncH1Response.deliver``) and sent on at once (``EagerSender``): a
+    relayed token wakes no task. While the client does not take what was
+    sent, the upstream is not read.
+    """
+    await downstream.start()
+    relay = _StreamRelay(response, request, tally, downstream.send, limits.line_bytes)
+    body_ended = response.deliver(relay.on_body)
     try:
-        chunk = json.loads(payload)
-    except ValueError:
-        chunk = None
+        await asyncio.wait((body_ended, relay.ended), return_when=asyncio.FIRST_COMPLETED)
+        if not relay.ended.done():
+            body_ended.result()  # The upstream's error, or the cut (Interrupted).
+            relay.end_of_body()
+        result = relay.ended.result()
+        await relay.sender.drain()
+        return result
+    finally:
+        relay.sender.close()
+
+
+class _StreamRelay:
+    """The events of one stream, taken as they arrive and pushed to the client."""
+
+    def __init__(
+        self,
+        response: Any,
+        request: UpstreamRequest,
+        tally: Tally,
+        send: Send,
+        most: int,
+    ) -> None:
+        self.request = request
+        self.tally = tally
+        self.most = most
+        self.sender = EagerSender(send, response.pause_reading, response.resume_reading)
+        self.ended: asyncio.Future[RelayResult] = asyncio.get_running_loop().create_future()
+        self._rest = b""  # an event begun in one read and not ended yet
+        self._first = True  # The first event is parsed whole: it names the model.
+
+    def _push(self, body: bytes) -> None:
+        self.sender.push({"type": _BODY, "body": body, "more_body": True})
+
+    def _end(self, result: RelayResult) -> None:
+        if not self.ended.done():
+            self.ended.set_result(result)
+
+    def on_body(self, data: bytes) -> None:
+        """Take what one read brought (the upstream connection's read callback).
+
+        It runs once per read of the upstream socket (a token, or a burst of
+        them): it is what a relayed token costs, so it stays flat. A read
+        made only of plain ``data:`` events that need no parse (the usual
+        token) goes to the client as the very bytes that came.
+        """
+        if self.ended.done():
+            return
+        rest = self._rest
+        buffer = rest + data if rest else data
+        if b"\r" in buffer:
+            # A CR kept at the end waits for its LF in the next piece.
+            buffer = buffer.replace(b"\r\n", b"\n")
+        blocks = buffer.split(b"\n\n")
+        self._rest = rest = blocks.pop()
+        if len(rest) > self.most:
+            self._end(
+                RelayResult(
+                    Outcome.FAILED,
+                    error=f"an event of the upstream's stream exceeds {self.most} bytes",
+                )
+            )
+            return
+        if not blocks:
+            return
+        whole = not rest and buffer is data  # Sent as it came, if nothing below objects.
+        out: list[bytes] = []
+        parse, delta, tally = PARSE.search, DELTA.search, self.tally
+        for block in blocks:
+            if block == DONE_BLOCK:
+                out.append(DONE_BLOCK)
+                self._push(_joined(out))
+                self._end(RelayResult(Outcome.COMPLETE))
+                return
+            if (
+                not self._first
+                and block.startswith(b"data: ")
+                and b"\n" not in block
+                and parse(block) is None
+            ):
+                if delta(block) is not None:
+                    tally.deltas += 1
+                out.append(block)
+                continue
+            self._first = False
+            ended = _look_closer(block, self.request, tally, out)
+            if ended is not None:
+                if out:
+                    self._push(_joined(out))
+                self._end(ended)
+                return
+            whole = False
+        if out:
+            self._push(data if whole and len(out) == len(blocks) else _joined(out))
+
+    def end_of_body(self) -> None:
+        """The upstream's body ended without [DONE]: take the event it left open, if any."""
+        rest = self._rest.strip(b"\r\n")
+        out: list[bytes] = []
+        if rest:
+            ended = _look_closer(rest, self.request, self.tally, out)
+            if out:
+                self._push(_joined(out))
+            if ended is not None:
+                self._end(ended)
+                return
+        if not self.tally.all_finished(self.request.choices):
+            self._end(RelayResult(Outcome.FAILED, error=_ENDED_EARLY))
+            return
+        # Finished without [DONE]: the client still gets its end.
+        self._push(_DONE_EVENT)
+        self._end(RelayResult(Outcome.COMPLETE))
+
+
+def _joined(blocks: list[bytes]) -> bytes:
+    """Events on the wire, from their blocks (each without its blank line)."""
+    return b"\n\n".join(blocks) + b"\n\n"
+
+
+def _look_closer(
+    block: bytes, request: UpstreamRequest, tally: Tally, out: list[bytes]
+) -> RelayResult | None:
+    """Parse one event; append the block the client gets to ``out``; a result if it ends."""
+    event = parse_block(block)
+    if event is None:
+        return None  # A comment, or an event without data: nothing to pass on.
+    name, payload = event
+    if payload == DONE:
+        out.append(DONE_BLOCK)
+        return RelayResult(Outcome.COMPLETE)
+    wire = encode(name, payload)[:-2]
+    chunk = _chunk(payload)
     if name == b"error" or (isinstance(chunk, dict) and "error" in chunk):
-        if assembler is None:
-            out.append(_encode(name, payload))
-        return RelayResult(
-            Outcome.FAILED,
-            status_code=502,
-            body=payload if isinstance(chunk, dict) else b"",
-            error=f"the upstream sent an error event: {payload[:200]!r}",
-            told_client=assembler is None,
-        )
+        out.append(wire)
+        return _error_event(payload, chunk, told_client=True)
     if isinstance(chunk, dict):
         tally.add(chunk)
-        if assembler is not None:
-            assembler.add(chunk)
-            return None
         if (
             not request.include_usage
             and chunk.get("choices") == []
             and chunk.get("usage") is not None
         ):
             return None  # The usage chunk the proxy asked for, not the client.
-    if assembler is None:
-        out.append(_encode(name, payload))
+    elif chunk is _TOO_DEEP:
+        return RelayResult(Outcome.FAILED, error="the upstream sent an event nested too deeply")
+    out.append(wire)
     return None
 
 
-def _whole(raw: bytes, request: UpstreamRequest, channel: Channel, tally: Tally) -> RelayResult:
+async def _assemble(
+    response: Any, request: UpstreamRequest, tally: Tally, limits: ResponseLimits
+) -> RelayResult:
+    """Build the whole answer for a client that asked for no stream."""
+    assembler = Assembler(request.endpoint)
+    splitter = EventSplitter(limits.line_bytes)
+    size = 0
+    while True:
+        data = await response.receive()
+        for name, payload, _ in splitter.feed(data) if data else splitter.end():
+            if payload == DONE:
+                return RelayResult(Outcome.COMPLETE, body=_dumps(assembler.result()))
+            size += len(payload)
+            if size > limits.body_bytes:
+                return RelayResult(
+                    Outcome.FAILED,
+                    error=f"the upstream's answer exceeds the {limits.body_bytes} bytes allowed",
+                )
+            chunk = _chunk(payload)
+            if name == b"error" or (isinstance(chunk, dict) and "error" in chunk):
+                return _error_event(payload, chunk, told_client=False)
+            if chunk is _TOO_DEEP:
+                return RelayResult(
+                    Outcome.FAILED, error="the upstream sent an event nested too deeply"
+                )
+            if isinstance(chunk, dict):
+                tally.add(chunk)
+                assembler.add(chunk)
+        if not data:
+            break
+    if not tally.all_finished(request.choices):
+        return RelayResult(Outcome.FAILED, error=_ENDED_EARLY)
+    return RelayResult(Outcome.COMPLETE, body=_dumps(assembler.result()))
+
+
+_ENDED_EARLY = "the upstream's stream ended before [DONE] or a finish_reason for every choice"
+_TOO_DEEP = object()
+
+
+def _chunk(payload: bytes) -> Any:
+    """The parsed event (None if it is no JSON; ``_TOO_DEEP`` if it nests past the bound)."""
+    try:
+        return loads(payload)
+    except JSONError as exc:
+        return _TOO_DEEP if "nested" in str(exc) else None
+
+
+def _error_event(payload: bytes, chunk: Any, *, told_client: bool) -> RelayResult:
+    return RelayResult(
+        Outcome.FAILED,
+        status_code=502,
+        body=payload if isinstance(chunk, dict) else b"",
+        error=f"the upstream sent an error event: {payload[:200]!r}",
+        told_client=told_client,
+    )
+
+
+async def _whole(
+    raw: bytes, request: UpstreamRequest, tally: Tally, downstream: Downstream
+) -> RelayResult:
     """An answer the upstream sent unstreamed: count it, and stream it if the client asked."""
     try:
-        answer = json.loads(raw)
-    except ValueError:
+        answer = loads(raw)
+    except JSONError:
         return RelayResult(Outcome.FAILED, error=f"the upstream answered no JSON: {raw[:200]!r}")
     if not isinstance(answer, dict) or not isinstance(answer.get("choices"), list):
         return RelayResult(
             Outcome.FAILED, error=f"the upstream answered no completion: {raw[:200]!r}"
         )
     tally.add({"model": answer.get("model"), "usage": answer.get("usage")})
-    tally.finished = True
-    for choice in answer["choices"]:
+    for position, choice in enumerate(answer["choices"]):
         if isinstance(choice, dict):
             message = choice.get("message")
             text = message.get("content") if isinstance(message, dict) else choice.get("text")
             tally.deltas += bool(text)
+            index = choice.get("index", position)
+            tally.finished_choices.add(index if isinstance(index, int) else position)
     if not request.stream:
         return RelayResult(Outcome.COMPLETE, body=raw)
-    channel.put(HEAD)
+    await downstream.start()
     chat = request.endpoint is Endpoint.CHAT
     common = {key: answer.get(key) for key in ("id", "created", "model")}
     common["object"] = "chat.completion.chunk" if chat else "text_completion"
+    out = []
     for choice in answer["choices"]:
         if not isinstance(choice, dict):
             continue
         part = {key: value for key, value in choice.items() if key != "message"}
         if chat:
             part["delta"] = choice.get("message") or {}
-        channel.put(_encode(None, _dumps({**common, "choices": [part]})))
+        out.append(encode(None, _dumps({**common, "choices": [part]})))
     if request.include_usage and answer.get("usage") is not None:
-        channel.put(_encode(None, _dumps({**common, "choices": [], "usage": answer["usage"]})))
-    channel.put(_DONE_EVENT)
+        out.append(encode(None, _dumps({**common, "choices": [], "usage": answer["usage"]})))
+    out.append(_DONE_EVENT)
+    await downstream.send({"type": _BODY, "body": b"".join(out), "more_body": True})
     return RelayResult(Outcome.COMPLETE)
-
-
-def _bounded(response: httpx.Response) -> bytes:
-    body = b""
-    for data in response.iter_bytes():
-        body += data
-        if len(body) >= ERROR_BODY_LIMIT:
-            return body[:ERROR_BODY_LIMIT]
-    return body
 
 
 def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _encode(name: bytes | None, payload: bytes) -> bytes:
-    head = b"" if name is None else b"event: " + name + b"\n"
-    if b"\n" not in payload:
-        return head + b"data: " + payload + b"\n\n"
-    return head + b"".join(b"data: " + line + b"\n" for line in payload.split(b"\n")) + b"\n"
-
-
-class EventSplitter:
-    """Server-sent events from the bytes of a stream: ``(event name or None, data)``.
-
-    The WHATWG rules the OpenAI-compatible servers rely on: events end at a
-    blank line, ``data:`` lines join with newlines, one space after the colon
-    is dropped, comments (``:``) and ``id:``/``retry:`` are ignored. CRLF
-    line ends are read as LF. One thread at a time.
-    """
-
-    __slots__ = ("_buffer",)
-
-    def __init__(self) -> None:
-        self._buffer = b""
-
-    def feed(self, data: bytes) -> list[tuple[bytes | None, bytes]]:
-        buffer = self._buffer + data
-        if b"\r" in buffer:
-            # A CR kept at the end waits for its LF in the next piece.
-            buffer = buffer.replace(b"\r\n", b"\n")
-        blocks = buffer.split(b"\n\n")
-        self._buffer = blocks.pop()
-        return [event for block in blocks if (event := _parse(block)) is not None]
-
-    def end(self) -> list[tuple[bytes | None, bytes]]:
-        """The event a stream left open (no blank line after it), if any."""
-        block, self._buffer = self._buffer.rstrip(b"\r\n"), b""
-        event = _parse(block) if block else None
-        return [] if event is None else [event]
-
-
-def _parse(block: bytes) -> tuple[bytes | None, bytes] | None:
-    if block.startswith(b"data: ") and b"\n" not in block:
-        return None, block[6:]  # The common case: one data line.
-    name: bytes | None = None
-    data: list[bytes] = []
-    for line in block.split(b"\n"):
-        field, colon, value = line.partition(b":")
-        if not colon or not field:
-            continue  # A comment (":..."), or a line without a field.
-        if value.startswith(b" "):
-            value = value[1:]
-        if field == b"data":
-            data.append(value)
-        elif field == b"event":
-            name = value
-    return (name, b"\n".join(data)) if data else None

@@ -1,10 +1,14 @@
 """A client's completion request, checked at the boundary and rewritten for the upstream.
 
 The proxy looks at a few fields only (``model``, ``stream``,
-``stream_options``) and passes the rest as it came (``tools``,
+``stream_options``, ``n``) and passes the rest as it came (``tools``,
 ``response_format``, sampling ...): the upstream checks what it serves. The
 upstream request always streams, with usage asked for, whatever the client
-asked. A bad body is a ``BadRequest`` that names the field. Pure functions.
+asked. A bad body is a ``BadRequest`` that names the field: not JSON,
+nested deeper than ``wirecut._json.MAX_DEPTH``, or holding a lone UTF-16
+surrogate (what a front-end sends after cutting a string in the middle of
+an emoji), which no upstream could be sent. Pure functions; call them from
+any thread or process.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from wirecut._json import JSONError, loads
 from wirecut.proxy._assemble import Endpoint
 from wirecut.proxy._relay import UpstreamRequest
 
@@ -28,9 +33,12 @@ class BadRequest(Exception):
     """The request cannot be served as sent; ``param`` names the field, if one."""
 
     def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
+        super().__init__(message, param)
         self.message = message
         self.param = param
+
+    def __str__(self) -> str:
+        return self.message
 
 
 @dataclass(frozen=True)
@@ -56,15 +64,17 @@ def parse_request(
 ) -> ClientRequest:
     """Check ``raw`` as a body of ``endpoint`` and make its upstream request."""
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
-    except ValueError:
-        raise BadRequest(
-            f"the request body holds a number of more than {sys.get_int_max_str_digits()} digits"
-        ) from None
-    except RecursionError:
-        raise BadRequest("the request body is nested too deeply") from None
+        body = loads(raw)
+    except JSONError as exc:
+        if "nested" in str(exc):
+            raise BadRequest(f"the request body is {exc}") from None
+        if "digits" in str(exc):
+            raise BadRequest(
+                "the request body holds a number of more than "
+                f"{sys.get_int_max_str_digits()} digits"
+            ) from None
+        why = str(exc).removeprefix("not JSON (").removesuffix(")")
+        raise BadRequest(f"the request body is not valid JSON: {why}") from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     stream = _optional(body, "stream", bool, "a boolean") or False
@@ -79,14 +89,24 @@ def parse_request(
             raise BadRequest("'messages' must be a non-empty array of message objects", "messages")
     elif "prompt" not in body:
         raise BadRequest("'prompt' is required", "prompt")
+    choices = _optional(body, "n", int, "a whole number") or 1
     body["stream"] = True
     body["stream_options"] = {**options, "include_usage": True}
+    try:
+        encoded = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError as exc:
+        lone = exc.object[exc.start : exc.end].encode("unicode_escape").decode()
+        raise BadRequest(
+            f"the request body holds a lone UTF-16 surrogate ({lone}): a string cut in the "
+            "middle of a character; send whole characters"
+        ) from None
     upstream = UpstreamRequest(
         id=request_id,
         endpoint=endpoint,
-        body=json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode(),
+        body=encoded,
         stream=stream,
         include_usage=include_usage,
+        choices=max(choices, 1),
     )
     return ClientRequest(model=model, stream=stream, upstream=upstream)
 

@@ -12,6 +12,7 @@ hands over to uvicorn.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Self
 
@@ -20,21 +21,40 @@ import uvicorn
 from wirecut.proxy._app import create_app
 from wirecut.proxy._config import ProxyConfig
 from wirecut.proxy._proxy import Proxy
-from wirecut.serving import BackgroundServer, Server, ServerThread, http_base
+from wirecut.serving import (
+    BackgroundServer,
+    ConnectionGuard,
+    GuardedConfig,
+    GuardedHttpToolsProtocol,
+    Server,
+    ServerThread,
+    descriptor_limit,
+    http_base,
+)
 
 __all__ = ["ProxyServer", "serve_forever"]
 
 
+#: Descriptors one stream may hold: the client's connection, the upstream's,
+#: and the upstream socket's registered dup (``wirecut.http.AsyncH1Client``).
+DESCRIPTORS_PER_STREAM = 3
+
+
 def _uvicorn_config(proxy: Proxy) -> uvicorn.Config:
-    return uvicorn.Config(
+    limits = proxy.config.connection_limits
+    fit = max(1, (descriptor_limit() - limits.fd_reserve) // DESCRIPTORS_PER_STREAM)
+    proxy.guard = ConnectionGuard(limits, min(limits.max_connections, fit))
+    return GuardedConfig(
         create_app(proxy),
+        guard=proxy.guard,
+        # httptools (C) parses a request in a fraction of h11's time, and
+        # writes a streamed piece without h11's state machine: both are on
+        # every token's way.
+        http=GuardedHttpToolsProtocol,
         host=proxy.config.host,
         port=proxy.config.port,
         log_level="warning",
         access_log=False,
-        # httptools (C) parses a request in a fraction of h11's time: that
-        # parse is on every request's way to its first token.
-        http="httptools",
         lifespan="on",
         # Thousands of streams may be open at once.
         backlog=2048,
@@ -50,10 +70,11 @@ class ProxyServer(BackgroundServer):
         with ProxyServer(ProxyConfig(upstream=sim.base_url, port=0)) as proxy:
             client = OpenAI(base_url=proxy.base_url, api_key="none")
 
-    ``start()`` asks the upstream what it is (``upstream_slots="auto"``),
-    then listens. ``stop()`` cuts every live request (reason ``shutdown``),
-    stops uvicorn and joins its thread; a thread still alive after a forced
-    exit is a ``RuntimeError``. Not restartable.
+    ``start()`` asks the upstream what it is (``upstream_slots="auto"``;
+    bounded, see ``Proxy.start``), then listens. ``stop()`` cuts every live
+    request (reason ``shutdown``), stops uvicorn and joins its thread; a
+    thread still alive after a forced exit is a ``RuntimeError``. Not
+    restartable.
     """
 
     def __init__(self, config: ProxyConfig) -> None:
@@ -65,7 +86,6 @@ class ProxyServer(BackgroundServer):
 
     def start(self, timeout: float = 10.0) -> Self:
         """Ask the upstream what it is, then listen (see ``ServerThread.start``)."""
-        self.proxy.probe()
         self._thread.start(timeout)
         return self
 
@@ -78,6 +98,13 @@ class ProxyServer(BackgroundServer):
     @property
     def address(self) -> tuple[str, int]:
         return self._thread.address
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the proxy runs on (for ``asyncio.run_coroutine_threadsafe``)."""
+        if self.proxy.loop is None:
+            raise RuntimeError("the proxy is not running")
+        return self.proxy.loop
 
 
 def serve_forever(proxy: Proxy, *, on_listening: Callable[[str], None]) -> int:

@@ -1,30 +1,53 @@
 """``Upstream``: the OpenAI-compatible server behind the proxy, and what it is.
 
-One ``wirecut.http`` client (the scoped transport) serves every request the
-proxy makes upstream; each request runs in a thread with its own scope bound,
-so the scope's cut shuts that request's socket down (docs/architecture.md,
-facts 1-3) and the upstream sees the close. ``probe()`` asks what the
-upstream is and how many slots it has: llama.cpp's ``/slots`` (the
-simulator's too) or ``/props``; vLLM's ``/metrics``; Ollama's
-``/api/version``. It is asked once at start (and again while unreachable):
-polling llama.cpp's ``/slots`` often delays its notice of closed clients.
+One ``wirecut.http.AsyncH1Client`` (a keep-alive pool on the proxy's event
+loop) carries every request the proxy makes upstream. A request runs under
+its own scope: the scope's cut shuts its socket down (the upstream sees the
+close at once) and a cancel of the relaying task does the same.
 
-Sync: call from a worker thread (``wirecut.aio.run_sync``), never on the loop.
+Credentials in the upstream URL (``http://user:pass@host/v1``) are taken out
+of it: they go with every request as ``Authorization: Basic`` (probes,
+passthrough and completions alike), and the URL shown anywhere (``/health``,
+errors, the banner, logs) is ``base_url``, which has none.
+
+``probe()`` asks what the upstream is and how many slots it has: llama.cpp's
+``/slots`` (the simulator's too) or ``/props``; vLLM's ``/metrics``; Ollama's
+``/api/version``. A connect that fails ends it at once (``unreachable``), a
+``503`` (llama.cpp loading its model) too (``loading``): neither is an answer
+to keep, and the proxy asks again until the upstream says (``Proxy``).
+Polling llama.cpp's ``/slots`` often delays its notice of closed clients, so
+an upstream that answered is not asked again.
+
+Event loop only.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import enum
+import json
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 
-import wirecut.http
+from wirecut.http import AsyncH1Client, AsyncH1Response
+from wirecut.scope import InterruptScope
 
-__all__ = ["PROBE_TIMEOUT", "Upstream", "UpstreamInfo", "UpstreamKind", "root_url"]
+__all__ = [
+    "PROBE_TIMEOUT",
+    "BodyTooLarge",
+    "Upstream",
+    "UpstreamInfo",
+    "UpstreamKind",
+    "read_bounded",
+    "redact",
+    "root_url",
+]
 
-#: Seconds one probe request may take.
+#: Seconds one probe request may take (its connect included).
 PROBE_TIMEOUT = 2.0
 
 
@@ -35,15 +58,26 @@ class UpstreamKind(enum.StrEnum):
     VLLM = "vllm"  # /metrics has vllm: names
     OLLAMA = "ollama"  # /api/version answered
     OPENAI_COMPATIBLE = "openai-compatible"  # reachable, none of the above
-    UNREACHABLE = "unreachable"  # no connection could be made
+    LOADING = "loading"  # it answered 503 (llama.cpp loading its model): ask again
+    UNREACHABLE = "unreachable"  # no connection could be made: ask again
 
 
 @dataclass(frozen=True)
 class UpstreamInfo:
-    """The upstream's kind, and its slots when it says (None: unknown)."""
+    """The upstream's kind, its slots when it says (None: unknown), and where they came from."""
 
     kind: UpstreamKind
     slots: int | None
+    source: str | None = None  # "/slots" or "/props"
+
+    @property
+    def settled(self) -> bool:
+        """True once the upstream answered as what it is (not unreachable, not loading)."""
+        return self.kind not in (UpstreamKind.UNREACHABLE, UpstreamKind.LOADING)
+
+
+class BodyTooLarge(Exception):
+    """An upstream body passed its bound; the message says which."""
 
 
 def root_url(base_url: str) -> str:
@@ -52,104 +86,149 @@ def root_url(base_url: str) -> str:
     return root[: -len("/v1")] if root.endswith("/v1") else root
 
 
+def redact(url: str) -> str:
+    """``url`` without the credentials of its userinfo (``user:pass@``)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+async def read_bounded(response: AsyncH1Response, limit: int, what: str) -> bytes:
+    """The whole body of ``response``; ``BodyTooLarge`` once it passes ``limit`` bytes."""
+    declared = response.header(b"content-length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"{what} is {int(declared)} bytes, more than the {limit} allowed")
+    parts: list[bytes] = []
+    size = 0
+    while data := await response.receive():
+        size += len(data)
+        if size > limit:
+            raise BodyTooLarge(f"{what} exceeds the {limit} bytes allowed")
+        parts.append(data)
+    return b"".join(parts)
+
+
 class Upstream:
     """The upstream at ``base_url`` (an OpenAI API base, ``http://host:port/v1``).
 
     ``api_key`` (optional) goes to the upstream as ``Authorization: Bearer``;
-    the client's own ``Authorization`` never does. Safe to share between
-    threads; ``close()`` once at the end.
+    credentials in the URL as ``Basic`` (not both: ``ProxyConfig`` refuses
+    that); the client's own ``Authorization`` never does. ``close()`` on the
+    event loop, once at the end.
     """
 
     def __init__(
         self, base_url: str, *, api_key: str | None = None, connect_timeout: float = 5.0
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        parts = urlsplit(base_url.rstrip("/"))
+        self.base_url = redact(base_url.rstrip("/"))
         self.root = root_url(self.base_url)
-        self.headers: dict[str, str] = {}
-        if api_key:
-            self.headers["Authorization"] = f"Bearer {api_key}"
-        # No read timeout: a prompt may take minutes before its first byte;
-        # the request's own scope (--request-timeout, a cancel, the client
-        # leaving) ends a wait, by a cut.
-        timeout = httpx.Timeout(None, connect=connect_timeout)
-        self.transport = wirecut.http.ScopedTransport(
-            connect_timeout=connect_timeout,
-            # Shorter than the usual server keep-alive (5 s: uvicorn, llama.cpp),
-            # so that a reused connection is not one the server is closing.
-            limits=httpx.Limits(
-                max_connections=None, max_keepalive_connections=None, keepalive_expiry=2.0
-            ),
-            trust_env=False,
+        #: The API base's path ("/v1"), and the server root's ("").
+        self.prefix = parts.path.rstrip("/")
+        self.root_prefix = urlsplit(self.root).path.rstrip("/")
+        self.headers: list[tuple[str, str]] = []
+        if parts.username is not None or parts.password is not None:
+            user = unquote(parts.username or "")
+            secret = unquote(parts.password or "")
+            token = base64.b64encode(f"{user}:{secret}".encode()).decode("ascii")
+            self.headers.append(("Authorization", f"Basic {token}"))
+        elif api_key:
+            self.headers.append(("Authorization", f"Bearer {api_key}"))
+        # Shorter than the usual server keep-alive (5 s: uvicorn, llama.cpp),
+        # so that a reused connection is not one the server is closing.
+        self.client = AsyncH1Client(
+            self.base_url, connect_timeout=connect_timeout, keepalive_expiry=2.0
         )
-        #: The request extensions ``relay`` sends with (the transport reads the timeout there).
-        self.timeout = timeout.as_dict()
-        self.http = wirecut.http.client(transport=self.transport, timeout=timeout, trust_env=False)
 
-    def url(self, path: str) -> str:
-        """The upstream URL of ``path`` under the API base (``chat/completions``)."""
-        return f"{self.base_url}/{path.lstrip('/')}"
+    def target(self, path: str) -> str:
+        """The request target of ``path`` under the API base (``chat/completions``)."""
+        return f"{self.prefix}/{path.lstrip('/')}"
 
     def close(self) -> None:
-        self.http.close()
+        self.client.close()
 
-    def get(self, path: str, query: str) -> tuple[int, str, bytes]:
-        """``GET`` ``path`` under the API base; ``(status, content type, body)``.
+    async def get(
+        self, target: str, *, scope: InterruptScope | None, limit: int
+    ) -> tuple[int, str, bytes]:
+        """``GET`` ``target``; ``(status, content type, body)``.
 
-        Raises ``httpx.HTTPError`` when the upstream cannot be reached, and
-        ``Interrupted`` when the bound scope cuts it.
+        Raises ``httpx.HTTPError`` when the upstream cannot be reached or
+        breaks off, ``BodyTooLarge`` past ``limit`` bytes, ``Interrupted``
+        when ``scope`` cuts it.
         """
-        url = self.url(path) + (f"?{query}" if query else "")
-        response = self.http.get(url, headers=self.headers)
-        return (
-            response.status_code,
-            response.headers.get("content-type", "application/json"),
-            response.content,
-        )
+        response = await self.client.send("GET", target, self.headers, scope=scope)
+        try:
+            body = await read_bounded(response, limit, "the upstream's answer")
+        finally:
+            response.close()
+        content_type = response.header(b"content-type") or b"application/json"
+        return response.status_code, content_type.decode("latin-1"), body
 
-    def probe(self) -> UpstreamInfo:
+    async def probe(self) -> UpstreamInfo:
         """What the upstream is and how many slots it has (see the module docstring)."""
-        reached = False
-
-        def get(path: str) -> httpx.Response | None:
-            nonlocal reached
-            try:
-                response = self.http.get(
-                    self.root + path, headers=self.headers, timeout=PROBE_TIMEOUT
-                )
-            except httpx.HTTPError:
-                return None
-            reached = True
-            return response if response.status_code == 200 else None
-
-        listing = _json(get("/slots"))
-        if (
-            isinstance(listing, list)
-            and listing
-            and all(isinstance(slot, dict) and "is_processing" in slot for slot in listing)
-        ):
-            return UpstreamInfo(UpstreamKind.LLAMA_CPP, len(listing))
-        props = _json(get("/props"))
-        if isinstance(props, dict) and (
-            "total_slots" in props or "default_generation_settings" in props
-        ):
-            total = props.get("total_slots")
-            slots = total if isinstance(total, int) and total > 0 else None
-            return UpstreamInfo(UpstreamKind.LLAMA_CPP, slots)
-        metrics = get("/metrics")
-        if metrics is not None and "vllm:" in metrics.text:
-            return UpstreamInfo(UpstreamKind.VLLM, None)
-        version = _json(get("/api/version"))
-        if isinstance(version, dict) and "version" in version:
-            return UpstreamInfo(UpstreamKind.OLLAMA, None)
-        if not reached:
+        try:
+            listing = _json(await self._probe_get("/slots"))
+            if (
+                isinstance(listing, list)
+                and listing
+                and all(isinstance(slot, dict) and "is_processing" in slot for slot in listing)
+            ):
+                return UpstreamInfo(UpstreamKind.LLAMA_CPP, len(listing), "/slots")
+            props = _json(await self._probe_get("/props"))
+            if isinstance(props, dict) and (
+                "total_slots" in props or "default_generation_settings" in props
+            ):
+                total = props.get("total_slots")
+                slots = total if isinstance(total, int) and total > 0 else None
+                return UpstreamInfo(UpstreamKind.LLAMA_CPP, slots, "/props" if slots else None)
+            metrics = await self._probe_get("/metrics")
+            if metrics is not None and b"vllm:" in metrics:
+                return UpstreamInfo(UpstreamKind.VLLM, None)
+            version = _json(await self._probe_get("/api/version"))
+            if isinstance(version, dict) and "version" in version:
+                return UpstreamInfo(UpstreamKind.OLLAMA, None)
+        except _Unreachable:
             return UpstreamInfo(UpstreamKind.UNREACHABLE, None)
+        except _Loading:
+            return UpstreamInfo(UpstreamKind.LOADING, None)
         return UpstreamInfo(UpstreamKind.OPENAI_COMPATIBLE, None)
 
+    async def _probe_get(self, path: str) -> bytes | None:
+        """The body of a 200 answer to ``GET path`` under the root; None for any other."""
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT):
+                response = await self.client.send(
+                    "GET", self.root_prefix + path, self.headers, scope=None
+                )
+                try:
+                    if response.status_code == 503:
+                        raise _Loading
+                    if response.status_code != 200:
+                        return None
+                    return await read_bounded(response, 1 << 20, f"the upstream's {path}")
+                finally:
+                    response.close()
+        except (httpx.ConnectError, httpx.ConnectTimeout):
+            raise _Unreachable from None
+        except TimeoutError:
+            raise _Unreachable from None
+        except (httpx.HTTPError, BodyTooLarge):
+            return None
 
-def _json(response: httpx.Response | None) -> Any:
-    if response is None:
+
+class _Unreachable(Exception):
+    pass
+
+
+class _Loading(Exception):
+    pass
+
+
+def _json(body: bytes | None) -> Any:
+    if body is None:
         return None
     try:
-        return response.json()
-    except ValueError:
+        return json.loads(body)
+    except (ValueError, RecursionError):
         return None

@@ -12,6 +12,7 @@ from typing import Any
 from starlette.types import Send
 
 __all__ = [
+    "FINAL",
     "REQUEST_ID_HEADER",
     "error_body",
     "error_event",
@@ -22,6 +23,9 @@ __all__ = [
 
 #: The response header that names a proxied request (its id for cancel by id).
 REQUEST_ID_HEADER = "x-wirecut-request-id"
+#: What tells an SDK not to send a request again (the openai SDK reads it
+#: before its status rules, which retry a 504).
+FINAL = {"x-should-retry": "false"}
 
 
 def error_body(
@@ -75,7 +79,9 @@ async def send_json(
     body: bytes | dict[str, Any],
     request_id: str | None,
     content_type: str = "application/json",
+    extra: dict[str, str] | None = None,
 ) -> None:
     data = body if isinstance(body, bytes) else json.dumps(body, separators=(",", ":")).encode()
-    await send_start(send, status, content_type, request_id, {"content-length": str(len(data))})
+    headers = {"content-length": str(len(data)), **(extra or {})}
+    await send_start(send, status, content_type, request_id, headers)
     await send_body(send, data)

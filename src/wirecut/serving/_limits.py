@@ -1,12 +1,13 @@
 """Bounds on what a TCP connection may cost a server before and after it speaks.
 
 What uvicorn bounds itself, wirecut sets explicitly (``ConnectionLimits``):
-the size of a request head (``h11_max_incomplete_event_size``), the keep-alive
+the size of a request head (``h11_max_incomplete_event_size``; the
+httptools protocol, which has no such bound, counts it itself), the keep-alive
 wait between requests (``timeout_keep_alive``), a WebSocket message
 (``ws_max_size``) and the WebSocket keepalive ping (``ws_ping_interval``,
 ``ws_ping_timeout``). What it does not bound, the protocol classes here add,
-as subclasses of uvicorn's h11 and websockets-sansio protocols, with one
-``ConnectionGuard`` per server that sees every connection:
+as subclasses of uvicorn's h11, httptools and websockets-sansio protocols,
+with one ``ConnectionGuard`` per server that sees every connection:
 
 - a connection that does not finish its request head within ``head_timeout``
   is closed: uvicorn arms no timer before the first request, and its
@@ -49,6 +50,7 @@ from typing import Any, Protocol
 import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from uvicorn.server import ServerState
 
@@ -59,6 +61,7 @@ __all__ = [
     "Dropped",
     "GuardedConfig",
     "GuardedH11Protocol",
+    "GuardedHttpToolsProtocol",
     "GuardedWebSocketProtocol",
     "descriptor_limit",
     "raise_descriptor_limit",
@@ -346,6 +349,99 @@ class GuardedH11Protocol(H11Protocol):
         return None
 
 
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the same bounds as ``GuardedH11Protocol``.
+
+    For a server whose responses are many small pieces (the proxy's
+    streams): httptools writes a piece without h11's state machine. llhttp
+    does not bound a request head, so the protocol counts it: a head past
+    ``max_head`` is answered 431 and the connection closed.
+    """
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        _require(self, ("cycle", "transport", "loop", "parser"))
+        self._guard = _guard_of(config)
+        self._head_deadline = 0.0
+        self._paused_since: float | None = None
+        self._head_bytes = 0  # of the head being read; -1 once it is complete
+
+    def connection_made(  # type: ignore[override]
+        self, transport: asyncio.Transport
+    ) -> None:
+        super().connection_made(transport)
+        self._head_deadline = self.loop.time() + self._guard.limits.head_timeout
+        if not self._guard.opened(self):
+            transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._guard.forget(self)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        reading_head = self._head_bytes >= 0
+        super().data_received(data)
+        if reading_head and self._head_bytes >= 0:
+            self._head_bytes += len(data)
+            if self._head_bytes > self._guard.limits.max_head and not self.transport.is_closing():
+                self._refuse_head()
+
+    def on_message_begin(self) -> None:
+        self._head_bytes = 0
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        self._head_bytes = -1
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        # The next request head gets its own deadline and its own count.
+        self._head_deadline = self.loop.time() + self._guard.limits.head_timeout
+        self._head_bytes = 0
+        super().on_response_complete()
+
+    def handle_websocket_upgrade(self) -> None:
+        # The WebSocket protocol takes this connection over and adopts it.
+        self._guard.forget(self)
+        super().handle_websocket_upgrade()
+
+    def pause_writing(self) -> None:
+        self._paused_since = self.loop.time()
+        super().pause_writing()
+
+    def resume_writing(self) -> None:
+        self._paused_since = None
+        super().resume_writing()
+
+    def idle(self) -> bool:
+        """True while no request is in progress: no complete head since the last response."""
+        return self.cycle is None or self.cycle.response_complete
+
+    def check(self, now: float) -> Dropped | None:
+        if self.idle() and now > self._head_deadline:
+            return Dropped.HEAD_TIMEOUT
+        if self._paused_since is not None and now - self._paused_since > (
+            self._guard.limits.send_timeout
+        ):
+            return Dropped.SEND_TIMEOUT
+        return None
+
+    def _refuse_head(self) -> None:
+        message = b"the request head is too large"
+        self.transport.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+            b"content-type: text/plain; charset=utf-8\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(message), message)
+        )
+        self.transport.close()
+
+
 class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's websockets-sansio protocol with a handshake bound, a pong bound and ``abort``."""
 
@@ -400,21 +496,41 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
 
 
 class GuardedConfig(uvicorn.Config):
-    """uvicorn's ``Config`` with the guarded protocols and the guard they share."""
+    """uvicorn's ``Config`` with the guarded protocols and the guard they share.
 
-    def __init__(self, app: Any, *, guard: ConnectionGuard, **kwargs: Any) -> None:
+    ``http`` is ``GuardedH11Protocol`` (the default) or ``GuardedHttpToolsProtocol``.
+    """
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        guard: ConnectionGuard,
+        http: type[GuardedH11Protocol] | type[GuardedHttpToolsProtocol] = GuardedH11Protocol,
+        **kwargs: Any,
+    ) -> None:
         # Fail at start, not on the first connection, on a uvicorn whose
         # protocols lack what the subclasses override.
         _require(
             GuardedH11Protocol,
             ("on_response_complete", "handle_websocket_upgrade", "pause_writing"),
         )
+        _require(
+            GuardedHttpToolsProtocol,
+            (
+                "on_response_complete",
+                "handle_websocket_upgrade",
+                "pause_writing",
+                "on_message_begin",
+                "on_headers_complete",
+            ),
+        )
         _require(GuardedWebSocketProtocol, ("handle_connect", "handle_ping", "run_asgi"))
         self.guard = guard
         limits = guard.limits
         super().__init__(
             app,
-            http=GuardedH11Protocol,
+            http=http,
             ws=GuardedWebSocketProtocol,
             h11_max_incomplete_event_size=limits.max_head,
             timeout_keep_alive=limits.keep_alive,
