@@ -232,6 +232,40 @@ def test_a_queued_command_cancelled_never_runs(tmp_path: Path) -> None:
     assert requests == 0
 
 
+def test_chats_cancelled_while_their_request_waits_for_a_slot_never_reach_the_provider(
+    tmp_path: Path,
+) -> None:
+    # Four workers in front of one slot: the console hands the provider one
+    # request at a time, and the others wait in its line, not the provider's
+    # queue (llama.cpp would start them after their client left: fact 11).
+    sim = SimConfig(slots=1, tokens_per_second=200, prompt_ms=5, endless=True)
+    with running_console(tmp_path, sim=sim, workers=4) as running, running.client() as c:
+        decoding = c.run("chat the one that runs")
+        c.wait_for(lambda f: f["type"] == "output" and f["stream"] == "token", id=decoding)
+        waiting = [c.run(f"chat waiting number {i}") for i in range(2)]
+        for id in waiting:
+            c.wait_for(lambda f: f["type"] == "started", id=id)
+        # In the console's line, or (were it missing) in the provider's queue.
+        wait_health(
+            running.server,
+            lambda h: h["admission"]["queued"] == 2 or len(running.sim.requests()) == 3,
+        )
+        for id in waiting:
+            c.cancel(id)
+        cut = c.completes(waiting)
+        c.cancel(decoding)
+        c.complete(decoding)
+        after = wait_health(running.server, lambda h: h["admission"]["in_flight"] == 0)
+        received = len(running.sim.requests())
+
+    assert received == 1
+    for complete in cut.values():
+        assert complete["status"] == "cancelled"
+        assert complete["lifecycle"]["started"] is True
+        assert complete["usage"]["requests"] == 0
+    assert after["admission"] == {"slots": 1, "source": "/slots", "in_flight": 0, "queued": 0}
+
+
 def test_the_protocol_client_finds_frames_by_id_and_names_one_that_never_came(
     console: Console, client: ConsoleClient
 ) -> None:
@@ -848,6 +882,7 @@ def test_health_and_metrics_want_the_token(console: Console) -> None:
         "requests": {"open": 0},
         "processes": {"open": 0},
         "slots": {"busy_after_cut": 0},
+        "admission": {"slots": 4, "source": "/slots", "in_flight": 0, "queued": 0},
     }
 
 

@@ -145,7 +145,10 @@ def build_state(
     from wirecut.memory import NoteStore
 
     spec = config.provider_spec(provider)
-    client = spec.client()
+    # No more requests in flight than the provider has slots: a command cut
+    # while its request waits here never reaches the engine (fact 11).
+    admission = provider.admission(config.api_key)
+    client = spec.client(admission)
     services = Services.of(NoteStore.in_data_dir(config.data_dir), spec, lambda: client)
     metrics = ConsoleMetrics()
     # How long a cut request kept its provider slot (docs/cancellation-limits.md).
@@ -168,6 +171,7 @@ def build_state(
         token=config.token,
         hosts=HostPolicy.for_bind(config.host, config.allowed_hosts),
         limits=config.limits,
+        admission=admission,
     )
     state.guard = ConnectionGuard(config.limits, config.limits.connections_for(descriptor_limit()))
     metrics.registry.register(_ConnectionCollector(state))
