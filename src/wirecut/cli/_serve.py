@@ -189,12 +189,16 @@ def serve(
             click.echo(f"wirecut serve: {provider.note}", err=True)
         _probe_provider(provider.base_url, config.api_key)
         if ray_address is None:
-            code = serve_forever(config, provider, echo=click.echo)
+            code = serve_forever(config, provider, echo=click.echo, say=_say)
         else:
             code = _serve_on_ray(ray_address, config, provider)
     finally:
         provider.stop()
     sys.exit(code)
+
+
+def _say(line: str) -> None:
+    click.echo(f"wirecut serve: {line}", err=True)
 
 
 def _secrets(
@@ -326,6 +330,6 @@ def _serve_on_ray(address: str, config: ConsoleConfig, provider: Provider) -> in
     where = "a local Ray cluster" if started else f"the Ray cluster at {address}"
     click.echo(f"wirecut serve: commands run on {where}", err=True)
     try:
-        return serve_forever(config, provider, echo=click.echo, runner=make_runner)
+        return serve_forever(config, provider, echo=click.echo, runner=make_runner, say=_say)
     finally:
         disconnect()

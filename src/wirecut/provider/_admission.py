@@ -174,11 +174,10 @@ class SlotGate:
             }
 
     def describe(self) -> str:
-        """For people: "at most 2 requests at once (the provider's slots, from /slots)"."""
+        """For people: "at most 2 in flight, the others wait in line (slots from /slots)"."""
         slots = self._line.slots
         if slots is not None:
-            plural = "s" if slots != 1 else ""
-            return f"at most {slots} request{plural} at once (from {self.source})"
+            return f"at most {slots} in flight, the others wait in line (slots from {self.source})"
         if not self._settled:
             return "no limit until the provider says how many slots it has"
         return "no limit (the provider does not say how many slots it has)"

@@ -316,16 +316,20 @@ def serve_forever(
     *,
     echo: Callable[[str], None],
     runner: RunnerFactory | None = None,
+    say: Callable[[str], None] = lambda line: None,
 ) -> int:
     """``wirecut serve``: serve in the main thread until SIGTERM or Ctrl+C; returns the exit code.
 
     Prints the banner once connections are accepted, writes ``serve.json``
     (mode 0600) into the data directory and removes it at exit. ``runner``
-    as for ``build_state``.
+    as for ``build_state``. ``say`` gets the lines for people (stderr): how
+    many requests the provider is handed at once.
     """
     # Before the state: the connection cap is fitted to the limit in force.
     raise_descriptor_limit()
     state = build_state(config, provider, runner=runner)
+    if state.admission is not None:
+        say(f"provider requests: {state.admission.describe()}")
     info_path = config.data_dir / SERVE_JSON
     wrote: list[Path] = []
 
