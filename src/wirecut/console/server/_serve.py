@@ -24,9 +24,7 @@ and is never called from a signal handler.
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import json
 import logging
 import os
 import re
@@ -44,6 +42,7 @@ from wirecut.console.runner import CommandRunner, Runner, RunnerLimits
 from wirecut.console.server._access import HostPolicy
 from wirecut.console.server._app import ConsoleState, create_app
 from wirecut.console.server._metrics import ConsoleMetrics
+from wirecut.console.server._serve_file import ServeFile
 from wirecut.console.server._slot_watch import SlotWatch
 from wirecut.launch import Provider
 from wirecut.provider import DEFAULT_MAX_TOKENS, ProviderSpec
@@ -74,7 +73,6 @@ RunnerFactory = Callable[[Services, ConsoleMetrics], Runner]
 #: A WebSocket message larger than this closes the connection (1009); the
 #: protocol's own frame limit (an error frame, the connection kept) is lower.
 WS_MAX_BYTES = ConnectionLimits.ws_max_size
-SERVE_JSON = "serve.json"
 
 
 #: The runner's defaults: written once, in ``RunnerLimits``.
@@ -321,7 +319,9 @@ def serve_forever(
     """``wirecut serve``: serve in the main thread until SIGTERM or Ctrl+C; returns the exit code.
 
     Prints the banner once connections are accepted, writes ``serve.json``
-    (mode 0600) into the data directory and removes it at exit. ``runner``
+    (mode 0600) into the data directory and removes it at exit, unless
+    another live console owns it (``ServeFile``: then a warning, and the
+    file stays that console's). ``runner``
     as for ``build_state``. ``say`` gets the lines for people (stderr): how
     many requests the provider is handed at once.
     """
@@ -330,8 +330,18 @@ def serve_forever(
     state = build_state(config, provider, runner=runner)
     if state.admission is not None:
         say(f"provider requests: {state.admission.describe()}")
-    info_path = config.data_dir / SERVE_JSON
-    wrote: list[Path] = []
+    serve_file = ServeFile(config.data_dir)
+    try:
+        owner = serve_file.claim()
+    except OSError as exc:
+        owner = None
+        say(f"warning: cannot lock {serve_file.lock_path} ({exc.strerror}): no serve.json written")
+    if owner is not None:
+        who = f"pid {owner.get('pid', '?')}, {owner.get('url', 'starting')}"
+        say(
+            f"warning: another console ({who}) owns {serve_file.path}: `wirecut console` "
+            "without a URL reaches that one; this one only by its own URL"
+        )
 
     def on_listening(host: str, port: int) -> None:
         # Startup made most of the objects this process will hold (modules,
@@ -349,8 +359,8 @@ def serve_forever(
             "pid": os.getpid(),
             "instance": state.instance,
         }
-        _write_private(info_path, json.dumps(info))
-        wrote.append(info_path)
+        if serve_file.owned:
+            serve_file.write(info)
         echo(f"wirecut console: {shown}")
         sys.stdout.flush()
 
@@ -362,19 +372,5 @@ def serve_forever(
     try:
         server.run()
     finally:
-        for path in wrote:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        serve_file.release()  # Removes serve.json only if this server wrote it.
     return 0 if server.started else 1
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` readable by its owner only (created 0600, never wider)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
