@@ -566,6 +566,48 @@ def test_c_sigint_cancels_the_command_and_exits_130(console: Console, spawn: Spa
     assert health(console)["workers"]["busy"] == 0
 
 
+#: Runs ``wirecut`` with a Ctrl+C at one point of its start: the first time the
+#: audit event ``argv[1]`` (or ``import:MODULE``) fires, SIGINT is raised in the
+#: process, as a person pressing Ctrl+C at that moment would.
+_CTRL_C_AT = """
+import signal, sys
+point = sys.argv.pop(1)
+fired = []
+def hook(event, args):
+    if fired:
+        return
+    if event == point or (event == "import" and "import:" + str(args[0]) == point):
+        fired.append(point)
+        signal.raise_signal(signal.SIGINT)
+sys.addaudithook(hook)
+from wirecut.cli import main
+try:
+    main()
+finally:
+    print("fired: " + ",".join(fired), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("point", ["import:wirecut.client", "socket.connect"])
+def test_c_exits_130_for_a_ctrl_c_before_the_command_was_sent(
+    console: Console, client_env: dict[str, str], point: str
+) -> None:
+    url = console.server.url + f"?token={console.server.token}"
+    result = subprocess.run(
+        [sys.executable, "-c", _CTRL_C_AT, point, "console", url, "-c", "sleep 30"],
+        capture_output=True,
+        text=True,
+        timeout=BOUND,
+        env=client_env,
+        stdin=subprocess.DEVNULL,
+    )
+    assert f"fired: {point}" in result.stderr  # the Ctrl+C came where it was meant to
+    assert result.returncode == EXIT_CANCELLED, result.stderr
+    assert "Aborted!" not in result.stderr
+    assert "Traceback" not in result.stderr
+    assert health(console)["workers"]["busy"] == 0
+
+
 def test_c_exits_124_when_the_command_times_out(tmp_path: Path, client_env: dict[str, str]) -> None:
     with running_console(server_dir(tmp_path), command_timeout=0.5) as console:
         url = console.server.url + f"?token={console.server.token}"
