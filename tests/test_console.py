@@ -37,6 +37,7 @@ from _console import (
     wait_health,
 )
 from wirecut.console.commands import Args, Argument, CommandContext, builtin_commands, command
+from wirecut.console.commands._builtins import HELP_USAGE_COLUMN
 from wirecut.console.runner import route_stdio
 from wirecut.memory import NoteStore
 from wirecut.scope import Interrupted
@@ -644,6 +645,25 @@ def test_usage_errors_complete_as_errors(console: Console, client: ConsoleClient
         assert complete["status"] == "error"
         assert message in complete["error"]
         assert complete["lifecycle"]["started"] is started
+
+
+def test_help_puts_every_summary_in_one_narrow_column(
+    console: Console, client: ConsoleClient
+) -> None:
+    # Padded to the longest usage (over 100 characters), the summaries started
+    # past the width of a page or a terminal and wrapped under the names.
+    id = client.run("help")
+    client.complete(id)
+    listing = client.output(id).split("\nprovider: ")[0]
+    lines = listing.rstrip("\n").split("\n")
+    columns = set()
+    for found in COMMANDS:
+        (at,) = [i for i, line in enumerate(lines) if line.endswith(found.summary)]
+        columns.add(lines[at].index(found.summary))
+        usage = lines[at] if lines[at].startswith(found.usage) else lines[at - 1]
+        assert usage.startswith(found.usage)
+    assert len(columns) == 1
+    assert columns.pop() <= HELP_USAGE_COLUMN + 2
 
 
 def test_jobs_lists_this_connections_commands(console: Console, client: ConsoleClient) -> None:
