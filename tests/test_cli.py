@@ -13,11 +13,13 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import pytest
 
 from _loopback import LoopbackServer
 from _support import assert_one_line_failure, assert_usage_error, run_wirecut
 from wirecut._paths import DATA_DIR_ENV
+from wirecut.cli import _SUBCOMMANDS, _LazyGroup
 
 
 def wirecut(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -161,3 +163,15 @@ def test_a_bad_api_key_file_of_doctor_or_repro_is_a_usage_error(
     assert_usage_error(
         wirecut(program, "--provider-url", url, "--api-key-file", str(key_file)), *words
     )
+
+
+@pytest.mark.parametrize("name", sorted(_SUBCOMMANDS))
+def test_every_option_a_help_lists_says_what_it_does(name: str) -> None:
+    command = _LazyGroup._load(name)
+    assert command is not None
+    undescribed = [
+        param.opts[0]
+        for param in command.params
+        if isinstance(param, click.Option) and not param.hidden and not (param.help or "").strip()
+    ]
+    assert undescribed == []

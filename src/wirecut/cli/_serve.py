@@ -63,7 +63,13 @@ _RUNNER = RunnerLimits()
 @click.option("--model", default=None, help="The model to ask the provider for.")
 @api_key_options()
 @data_dir_option
-@click.option("--workers", default=_RUNNER.workers, show_default=True, type=click.IntRange(1, 1024))
+@click.option(
+    "--workers",
+    default=_RUNNER.workers,
+    show_default=True,
+    type=click.IntRange(1, 1024),
+    help="Commands that run at once, each on a worker thread; the others wait, queued.",
+)
 @seconds_option(
     "--command-timeout",
     _RUNNER.command_timeout,
@@ -74,7 +80,14 @@ _RUNNER = RunnerLimits()
     _RUNNER.unwind_timeout,
     "How long a cancelled command's worker may take to return before it is reported leaked.",
 )
-@click.option("--ray", "ray_address", default=None, help="Run commands on a Ray cluster.")
+@click.option(
+    "--ray",
+    "ray_address",
+    default=None,
+    metavar="ADDRESS",
+    help="Run commands on a Ray cluster: auto (the one ray.init() finds), local (a one-node "
+    "cluster started for this console), or a cluster's address (extra `ray`).",
+)
 @secret_file_option(
     "--token-file",
     "Read the access token from FILE. Default: $WIRECUT_TOKEN, else a random one.",
