@@ -14,6 +14,7 @@ waits for anything: every wait for a result is a bounded wait on a frame.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import random
@@ -27,7 +28,7 @@ import pytest
 
 from _acker import SlowAcker
 from _console import ConsoleClient, running_console
-from _support import BOUND
+from _support import BOUND, until
 from wirecut.console.commands import Args, CommandContext, CommandSet, builtin_commands, command
 from wirecut.memory import NoteStore
 from wirecut.record import COMMIT_OPEN_ERROR
@@ -269,3 +270,65 @@ def test_a_commit_still_running_at_the_unwind_bound_is_never_reported_cancelled(
     assert complete["error"] == COMMIT_OPEN_ERROR
     assert complete["lifecycle"]["commit_open"] is True
     assert complete["lifecycle"]["worker_exited"] is False
+
+
+class _AfterCommit:
+    """Holds ``memory add``'s worker on the line after its store write: the COMMIT is done.
+
+    A trace function (``threading.settrace``, set before the console starts
+    its worker threads) stops the worker at the first line of
+    ``memory_add`` that follows ``store.add``, until ``release`` is set:
+    the test then sends its cancel into exactly that moment.
+    """
+
+    def __init__(self) -> None:
+        from wirecut.console.commands import _memory
+
+        self.code = _memory.memory_add.fn.__code__
+        lines = [
+            number
+            for number, text in enumerate(inspect.getsourcelines(_memory.memory_add.fn)[0])
+            if "ctx.write(" in text
+        ]
+        self.line = _memory.memory_add.fn.__code__.co_firstlineno + lines[0]
+        self.held = threading.Event()
+        self.release = threading.Event()
+        self.context: CommandContext | None = None
+
+    def trace(self, frame: Any, event: str, arg: Any) -> Any:
+        if event == "call":
+            return self._local if frame.f_code is self.code else None
+        return None
+
+    def _local(self, frame: Any, event: str, arg: Any) -> Any:
+        if event == "line" and frame.f_lineno == self.line and not self.held.is_set():
+            self.context = frame.f_locals["ctx"]
+            self.held.set()
+            self.release.wait(BOUND)
+        return self._local
+
+
+def test_a_built_in_write_cancelled_after_its_commit_is_ok_with_a_late_cancel_and_kept(
+    tmp_path: Path,
+) -> None:
+    after = _AfterCommit()
+    threading.settrace(after.trace)
+    try:
+        with running_console(tmp_path) as console, console.client() as client:
+            store = NoteStore.in_data_dir(console.data_dir)
+            id = client.run("memory add 'Kept' -- 'written before the cancel'")
+            assert after.held.wait(BOUND)  # the note is committed; the command still runs
+            assert [note.title for note in store.notes()] == ["Kept"]
+            client.cancel(id)
+            assert after.context is not None
+            scope = after.context.scope
+            until(lambda: scope.cancelled)  # the cancel reached the command's scope
+            after.release.set()
+            complete = client.complete(id)
+    finally:
+        threading.settrace(None)  # type: ignore[arg-type]
+        after.release.set()
+    assert (complete["status"], complete["reason"], complete["late_cancel"]) == ("ok", None, "user")
+    assert complete["lifecycle"]["commits"] == ["commit"]
+    assert [note.title for note in store.notes()] == ["Kept"]
+
