@@ -39,7 +39,9 @@ from _console import (
 from wirecut.console.commands import Args, Argument, CommandContext, builtin_commands, command
 from wirecut.console.commands._builtins import HELP_USAGE_COLUMN
 from wirecut.console.runner import route_stdio
+from wirecut.console.server._connection import MAX_LIVE_COMMANDS
 from wirecut.memory import NoteStore
+from wirecut.record import MAX_FRAME_CHARS
 from wirecut.scope import Interrupted
 from wirecut.scope._process import group_members
 from wirecut.simulator import SimConfig, SimulatorServer
@@ -820,6 +822,41 @@ def test_a_bad_frame_gets_an_error_and_the_connection_stays(
     assert client.complete(client.run("sleep 0"))["status"] == "ok"
 
 
+def test_a_frame_of_exactly_the_size_bound_is_read_and_one_character_more_is_refused(
+    client: ConsoleClient,
+) -> None:
+    head, tail = '{"type": "ping"', "}"
+    exact = head + " " * (MAX_FRAME_CHARS - len(head) - len(tail)) + tail
+    assert len(exact) == MAX_FRAME_CHARS
+    client.send(exact)
+    client.wait_for(lambda f: f["type"] == "pong")
+    client.send(exact[:-1] + " }")
+    error = client.wait_for(lambda f: f["type"] == "error")
+    assert f"{MAX_FRAME_CHARS + 1} characters (at most {MAX_FRAME_CHARS})" in error["message"]
+    assert [f["type"] for f in client.frames if f["type"] in ("pong", "error")] == [
+        "pong",
+        "error",
+    ]
+
+
+def test_exactly_the_cap_of_live_commands_is_accepted_and_one_more_is_refused(
+    client: ConsoleClient,
+) -> None:
+    ids = [client.run("sleep 60", id=f"s{i}") for i in range(MAX_LIVE_COMMANDS)]
+    for id in ids:
+        client.wait_for(lambda f: f["type"] == "accepted", id=id)
+    client.run("sleep 0", id="one-more")
+    refused = client.wait_for(lambda f: f["type"] == "error", id="one-more")
+    assert f"at most {MAX_LIVE_COMMANDS}" in refused["message"]
+    client.cancel(ids[0])
+    assert client.complete(ids[0])["status"] == "cancelled"
+    # One place freed: one more is taken.
+    client.run("sleep 0", id="in-its-place")
+    client.wait_for(lambda f: f["type"] == "accepted", id="in-its-place")
+    client.cancel()
+    client.completes([*ids[1:], "in-its-place"], timeout=60)
+
+
 def test_a_binary_frame_gets_an_error(client: ConsoleClient) -> None:
     client.ws.send(b"\x00\x01")
     error = client.wait_for(lambda f: f["type"] == "error")
@@ -950,7 +987,8 @@ def test_sigterm_completes_every_command_with_shutdown_and_exits_0(tmp_path: Pat
                     c.wait_for(lambda f: f["type"] == "started" and f["id"] == sleeper)
                     proc.send_signal(signal.SIGTERM)
                     completes = [c.complete(chat), c.complete(sleeper)]
-                assert proc.wait(20) == 0
+                _, err = proc.communicate(timeout=20)
+                assert proc.returncode == 0, err
             finally:
                 if proc.poll() is None:
                     proc.kill()

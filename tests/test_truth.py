@@ -331,4 +331,3 @@ def test_a_built_in_write_cancelled_after_its_commit_is_ok_with_a_late_cancel_an
     assert (complete["status"], complete["reason"], complete["late_cancel"]) == ("ok", None, "user")
     assert complete["lifecycle"]["commits"] == ["commit"]
     assert [note.title for note in store.notes()] == ["Kept"]
-
