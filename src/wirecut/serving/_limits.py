@@ -76,6 +76,11 @@ class ConnectionLimits:
     max_connections: int = 512
     #: Descriptors kept free for everything else (the store, provider sockets, processes).
     fd_reserve: int = 128
+    #: The listen backlog, which is also how many connections asyncio accepts at
+    #: one wake-up before the guard sees any of them: kept below ``fd_reserve``,
+    #: or a burst of queued connections passes the cap and accept fails for
+    #: want of descriptors (uvicorn's 2048 did, at a 256-descriptor limit).
+    accept_backlog: int = 64
     #: Seconds a connection may take to send a complete request head (each one, on keep-alive).
     head_timeout: float = 10.0
     #: Bytes of a request head at most (uvicorn's ``h11_max_incomplete_event_size``).
@@ -105,6 +110,13 @@ class ConnectionLimits:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
         if self.fd_reserve < 0:
             raise ValueError(f"fd_reserve must be >= 0, not {self.fd_reserve!r}")
+        if isinstance(self.accept_backlog, bool) or not isinstance(self.accept_backlog, int):
+            raise ValueError(f"accept_backlog must be a whole number, not {self.accept_backlog!r}")
+        if not 1 <= self.accept_backlog <= max(1, self.fd_reserve):
+            raise ValueError(
+                f"accept_backlog must be 1 to fd_reserve ({self.fd_reserve}), "
+                f"not {self.accept_backlog!r}"
+            )
         for name in (
             "head_timeout",
             "send_timeout",
@@ -357,7 +369,7 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
-        _require(self, ("handshake_complete", "close_timeout", "transport", "loop"))
+        _require(self, ("handshake_complete", "close_timeout", "transport", "loop", "writable"))
         self._guard = _guard_of(config)
         # uvicorn's bound on the closing handshake (10 s, no setting for it).
         self.close_timeout = self._guard.limits.close_timeout
@@ -377,7 +389,10 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
         scope = getattr(self, "scope", None)
         if isinstance(scope, dict):  # None when the handshake was refused
             scope.setdefault("extensions", {})[TRANSPORT_EXTENSION] = {
-                "abort": self.transport.abort
+                "abort": self.transport.abort,
+                # False while the transport is paused: the peer took nothing of
+                # what was written lately (uvicorn's own flow-control event).
+                "writable": self.writable.is_set,
             }
 
     def handle_ping(self) -> None:
@@ -418,6 +433,7 @@ class GuardedConfig(uvicorn.Config):
             ws=GuardedWebSocketProtocol,
             h11_max_incomplete_event_size=limits.max_head,
             timeout_keep_alive=limits.keep_alive,
+            backlog=limits.accept_backlog,
             ws_max_size=limits.ws_max_size,
             ws_ping_interval=limits.ws_ping_interval,
             ws_ping_timeout=limits.ws_ping_timeout,

@@ -24,6 +24,7 @@ and is never called from a signal handler.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -56,6 +57,7 @@ from wirecut.serving import (
     ServerThread,
     descriptor_limit,
     http_base,
+    listen_all,
     raise_descriptor_limit,
 )
 
@@ -364,13 +366,20 @@ def serve_forever(
         echo(f"wirecut console: {shown}")
         sys.stdout.flush()
 
-    server = Server(
-        _uvicorn_config(state, config.host, config.port),
-        on_listening=on_listening,
-        before_shutdown=state.shutdown,
-    )
+    uvicorn_config = _uvicorn_config(state, config.host, config.port)
+    server = Server(uvicorn_config, on_listening=on_listening, before_shutdown=state.shutdown)
     try:
-        server.run()
+        # Bound here, not by uvicorn: "localhost" is both loopbacks (listen_all).
+        sockets = listen_all(config.host, config.port, uvicorn_config.backlog, what="console")
+    except RuntimeError as exc:
+        serve_file.release()
+        say(str(exc))
+        return 1
+    try:
+        with contextlib.ExitStack() as stack:
+            for sock in sockets:
+                stack.enter_context(sock)
+            server.run(sockets=sockets)
     finally:
         serve_file.release()  # Removes serve.json only if this server wrote it.
     return 0 if server.started else 1
