@@ -109,10 +109,14 @@ class Spawner:
         self.env = env
         self.children: list[pexpect.spawn] = []
 
-    def __call__(self, *args: str, env: dict[str, str] | None = None) -> pexpect.spawn:
+    def __call__(
+        self, *args: str, env: dict[str, str] | None = None, driver: str | None = None
+    ) -> pexpect.spawn:
+        """``wirecut console ARGS``; with ``driver``, that script runs it (its argv: ARGS)."""
+        program = ["-m", "wirecut"] if driver is None else ["-c", driver]
         child = pexpect.spawn(
             sys.executable,
-            ["-m", "wirecut", "console", *args],
+            [*program, "console", *args],
             env=env or self.env,
             encoding="utf-8",
             timeout=BOUND,
@@ -556,6 +560,51 @@ def test_c_without_a_terminal_declines_a_confirmation(
     result = run_c(url, "curator run --yes", client_env)
     assert result.returncode == 0
     assert [note.state.value for note in store.notes()] == ["stale"]
+
+
+#: Runs the REPL with one Ctrl+C (SIGINT) in the gap after its first command
+#: ended and before the prompt is back: no command runs then. The script
+#: returns from that first ``run`` only once the REPL has taken the Ctrl+C.
+_CTRL_C_AFTER_FIRST = """
+import asyncio, os, signal, sys
+from wirecut.client import _session
+
+run = _session.TerminalSession.run
+done = []
+
+async def run_then_ctrl_c(self, line):
+    facts = await run(self, line)
+    if not done:
+        done.append(line)
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(10_000):  # loop turns until the SIGINT handler ran
+            if self._held:
+                break
+            await asyncio.sleep(0)
+        print("ctrl-c taken while idle" if self._held else "ctrl-c lost", flush=True)
+    return facts
+
+_session.TerminalSession.run = run_then_ctrl_c
+from wirecut.cli import main
+main()
+"""
+
+
+def test_a_ctrl_c_while_no_command_runs_does_not_cancel_the_next_one(
+    console: Console, spawn: Spawner
+) -> None:
+    child = spawn(console.server.url + f"?token={console.server.token}", driver=_CTRL_C_AFTER_FIRST)
+    child.expect(PROMPT)
+    child.sendline("sleep 0")
+    child.expect("ctrl-c taken while idle")
+    child.expect(PROMPT)
+    child.sendline("sleep 0.3")
+    child.expect(words("slept", r"0\.3", "s"))
+    child.expect(PROMPT)
+    assert "cancelled" not in (child.before or "")
+    child.sendeof()
+    assert finish(child) == 0
+    assert health(console)["workers"]["busy"] == 0
 
 
 def test_c_sigint_cancels_the_command_and_exits_130(console: Console, spawn: Spawner) -> None:
