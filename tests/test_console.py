@@ -969,7 +969,10 @@ def test_serve_freezes_what_its_startup_made(tmp_path: Path) -> None:
 
 
 def test_sigterm_completes_every_command_with_shutdown_and_exits_0(tmp_path: Path) -> None:
-    config = SimConfig(slots=2, tokens_per_second=200, prompt_ms=5, endless=True)
+    # 20 tokens a second: the chat's 256 tokens take 13 s, so it is still
+    # running at the SIGTERM however slow the machine (at 200 it ended by
+    # itself, "ok", when the steps before the SIGTERM took over a second).
+    config = SimConfig(slots=2, tokens_per_second=20, prompt_ms=5, endless=True)
     with SimulatorServer(config) as sim:
         with _serve(tmp_path, "--provider-url", sim.base_url) as proc:
             try:
