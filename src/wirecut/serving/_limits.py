@@ -51,6 +51,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from uvicorn.server import ServerState
+from websockets.exceptions import InvalidState
 
 __all__ = [
     "TRANSPORT_EXTENSION",
@@ -395,6 +396,21 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
                 "writable": self.writable.is_set,
             }
 
+    def shutdown(self) -> None:
+        """uvicorn's shutdown of this connection (close 1012), also when the client began closing.
+
+        A client whose close frame came just before the server stopped left
+        the connection CLOSING (its transport still flushing): websockets then
+        refuses a close of ours with ``InvalidState``, which uvicorn let out of
+        the server's shutdown, and ``wirecut serve`` ended on SIGTERM with a
+        traceback and exit 1. The closing handshake is under way already:
+        the transport is closed, as uvicorn does after its own close frame.
+        """
+        try:
+            super().shutdown()
+        except InvalidState:
+            self.transport.close()
+
     def handle_ping(self) -> None:
         if self.transport.get_write_buffer_size() > self._guard.limits.max_outbox:
             # The peer pings but reads none of its pongs: answering would buffer without end.
@@ -424,7 +440,9 @@ class GuardedConfig(uvicorn.Config):
             GuardedH11Protocol,
             ("on_response_complete", "handle_websocket_upgrade", "pause_writing"),
         )
-        _require(GuardedWebSocketProtocol, ("handle_connect", "handle_ping", "run_asgi"))
+        _require(
+            GuardedWebSocketProtocol, ("handle_connect", "handle_ping", "run_asgi", "shutdown")
+        )
         self.guard = guard
         limits = guard.limits
         super().__init__(
