@@ -61,7 +61,10 @@ def test_a_client_that_stops_reading_is_closed_4429_and_its_commands_cancelled(
     tmp_path: Path,
 ) -> None:
     limits = ConnectionLimits(max_outbox=256 * 1024, close_timeout=60)
-    sim = SimConfig(slots=2, tokens_per_second=50, prompt_ms=5, endless=True)
+    # 10 tokens a second: the chat's 256 take 25 s, past any flood here, so it
+    # is still running when the server gives up on the client (it is cut,
+    # not finished: the simulator sees its close).
+    sim = SimConfig(slots=2, tokens_per_second=10, prompt_ms=5, endless=True)
     with running_console(tmp_path, sim=sim, limits=limits) as console:
         since = console.sim.simulator.event_log.next_seq
         with RawClient(console.server.ws_url) as ws:

@@ -14,7 +14,6 @@ waits for anything: every wait for a result is a bounded wait on a frame.
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import json
 import random
@@ -273,63 +272,48 @@ def test_a_commit_still_running_at_the_unwind_bound_is_never_reported_cancelled(
 
 
 class _AfterCommit:
-    """Holds ``memory add``'s worker on the line after its store write: the COMMIT is done.
+    """Holds ``memory add``'s worker at its first output, which comes after its store write.
 
-    A trace function (``threading.settrace``, set before the console starts
-    its first worker thread) stops the worker at the first line of
-    ``memory_add`` that follows ``store.add``, until ``release`` is set:
-    the test then sends its cancel into exactly that moment.
+    ``OutputBuffer.write`` is wrapped (the test's ``monkeypatch``): the
+    worker that writes "added note #..." (its COMMIT done, the command not
+    yet returned) waits there until ``release`` is set, and the test sends
+    its cancel into exactly that moment.
     """
 
-    def __init__(self) -> None:
-        from wirecut.console.commands import _memory
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from wirecut.console.runner import OutputBuffer
 
-        self.code = _memory.memory_add.fn.__code__
-        lines = [
-            number
-            for number, text in enumerate(inspect.getsourcelines(_memory.memory_add.fn)[0])
-            if "ctx.write(" in text
-        ]
-        self.line = _memory.memory_add.fn.__code__.co_firstlineno + lines[0]
         self.held = threading.Event()
         self.release = threading.Event()
-        self.context: CommandContext | None = None
+        write = OutputBuffer.write
 
-    def trace(self, frame: Any, event: str, arg: Any) -> Any:
-        if event == "call":
-            return self._local if frame.f_code is self.code else None
-        return None
+        def held_write(buffer: OutputBuffer, stream: Any, data: str) -> None:
+            if data.startswith("added note #") and not self.held.is_set():
+                self.held.set()
+                self.release.wait(BOUND)
+            write(buffer, stream, data)
 
-    def _local(self, frame: Any, event: str, arg: Any) -> Any:
-        if event == "line" and frame.f_lineno == self.line and not self.held.is_set():
-            self.context = frame.f_locals["ctx"]
-            self.held.set()
-            self.release.wait(BOUND)
-        return self._local
+        monkeypatch.setattr(OutputBuffer, "write", held_write)
 
 
 def test_a_built_in_write_cancelled_after_its_commit_is_ok_with_a_late_cancel_and_kept(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    after = _AfterCommit()
+    after = _AfterCommit(monkeypatch)
     try:
         with running_console(tmp_path) as console, console.client() as client:
             store = NoteStore.in_data_dir(console.data_dir)
-            # Only threads started from here on are traced: the worker that
-            # runs the command (the pool starts its first one for it), not
-            # the servers' threads, whose every call the trace would slow.
-            threading.settrace(after.trace)
             id = client.run("memory add 'Kept' -- 'written before the cancel'")
             assert after.held.wait(BOUND)  # the note is committed; the command still runs
             assert [note.title for note in store.notes()] == ["Kept"]
             client.cancel(id)
-            assert after.context is not None
-            scope = after.context.scope
-            until(lambda: scope.cancelled)  # the cancel reached the command's scope
+            # The cancel reached the command: its scope's timeline has it.
+            runner = console.server.state.runner
+            command = next(c for c in runner.live() if c.id == id)
+            until(lambda: command.scope.cancelled)
             after.release.set()
             complete = client.complete(id)
     finally:
-        threading.settrace(None)  # type: ignore[arg-type]
         after.release.set()
     assert (complete["status"], complete["reason"], complete["late_cancel"]) == ("ok", None, "user")
     assert complete["lifecycle"]["commits"] == ["commit"]
