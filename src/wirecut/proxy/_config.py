@@ -27,7 +27,11 @@ AUTO: Literal["auto"] = "auto"
 #: The proxy's bounds on client connections (``wirecut.serving``, the console's
 #: implementation): more of them than the console's (a team's streams), and a
 #: larger request head (SDKs send long headers).
-PROXY_CONNECTION_LIMITS = ConnectionLimits(max_connections=4096, max_head=64 * 1024)
+#: Thousands of streams may connect at once: a backlog to take a burst of a
+#: thousand without a SYN retry, and as many descriptors kept back for it.
+PROXY_CONNECTION_LIMITS = ConnectionLimits(
+    max_connections=4096, max_head=64 * 1024, fd_reserve=1024, accept_backlog=1024
+)
 
 
 @dataclass(frozen=True)
