@@ -1,6 +1,6 @@
 """Benchmark the console's memory against clients that send and never read.
 
-Run: ``python bench/bench_slow_reader.py [--seconds 45] [--before OLD/src]``.
+Run: ``python bench/bench_slow_reader.py [--seconds 45] [--before OLD/src] [--out DIR]``.
 
 Two scenarios, each against a fresh ``wirecut serve`` (a process; its RSS is
 read from ``/proc/PID/status``), once on the code at ``--before`` when given (a source
@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from _procs import Process, status_kib
 from _rawws import RawClient
+from _report import Report
 
 HERE = Path(__file__).resolve().parent
 MIB = 1024 * 1024
@@ -232,6 +233,7 @@ def main() -> None:
     )
     parser.add_argument("--after", type=Path, default=HERE.parent / "src")
     parser.add_argument("--cap-mib", type=float, default=1536.0)
+    parser.add_argument("--out", type=Path, help="write bench_slow_reader.json into this folder")
     args = parser.parse_args()
     rows = []
     for scenario in ("ping flood", "memory list"):
@@ -240,23 +242,46 @@ def main() -> None:
             row = measure(label, src, scenario, args.seconds, int(args.cap_mib * MIB))
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
-    print(
-        "| scenario | code | seconds | RSS at start (MiB) | peak growth (MiB) "
-        "| growth at end (MiB) | clients cut | of them closed 4429 | |"
+    made = Report(
+        "bench_slow_reader",
+        "The console's memory against clients that never read",
+        "Three WebSocket clients send for `--seconds` and never read what comes back "
+        "(a ping flood; `memory list` of a seeded store): the server's RSS at start, its "
+        "peak and final growth, how many clients the server cut and how many of them by "
+        f"close 4429 (outbox full). A growth marked >= hit the {args.cap_mib:.0f} MiB "
+        "safety cap and was stopped early. With `--before`, an older tree beside this one.",
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    table = made.table(
+        "Server memory under clients that do not read",
+        [
+            "scenario",
+            "code",
+            "seconds",
+            "RSS at start",
+            "peak growth",
+            "growth at end",
+            "clients cut",
+            "of them closed 4429",
+            "",
+        ],
+    )
     for row in rows:
-        mark = "≥ " if row["capped"] else ""
-        print(
-            f"| {row['scenario']} | {row['code']} | {row['seconds']:.0f} "
-            f"| {row['rss_start_mib']:.0f} | {mark}{row['peak_growth_mib']:.0f} "
-            f"| {mark}{row['end_growth_mib']:.0f} | {row['cuts']} "
-            f"| {'-' if row['closed_4429'] is None else row['closed_4429']} | {row['detail']} |"
+        mark = ">= " if row["capped"] else ""
+        table.add(
+            row["scenario"],
+            row["code"],
+            f"{row['seconds']:.0f} s",
+            f"{row['rss_start_mib']:.0f} MiB",
+            f"{mark}{row['peak_growth_mib']:.0f} MiB",
+            f"{mark}{row['end_growth_mib']:.0f} MiB",
+            row["cuts"],
+            "-" if row["closed_4429"] is None else row["closed_4429"],
+            row["detail"],
         )
-    print(
-        "\nTarget (after): three non-reading clients for 45 s grow the server by < 64 MiB."
-        f" A growth marked ≥ hit the {args.cap_mib:.0f} MiB safety cap and was stopped early."
-    )
+    made.data = {"settings": {"seconds": args.seconds, "cap_mib": args.cap_mib}, "rows": rows}
+    made.print()
+    if args.out:
+        made.write(args.out)
 
 
 if __name__ == "__main__":
