@@ -1,14 +1,16 @@
 """Render docs/benchmarks.md from the benchmarks' JSON reports under docs/bench/.
 
-Run: ``python scripts/benchmarks.py [--check] [--reports DIR] [--target FILE]``.
+Run: ``python scripts/benchmarks.py [--check] [--reports DIR] [--target FILE] [--readme FILE]``.
 Each ``docs/bench/NAME.json`` written by a benchmark's ``--out docs/bench``
 (see ``bench/_report.py``) becomes a section, headed with the machine it ran
 on, its CPU count, Python, the commit and the date, and the command that ran
 it. ``bench.json``, written by ``wirecut bench --out docs/bench`` in the
 format docs/protocol.md fixes ("Proof tools"), becomes a section too, with
-its chart ``bench.png`` beside it linked. ``--check`` exits 1 if the page is
-not what the reports render to (the docs are never edited by hand); a file
-that is not a report exits 1 naming it.
+its chart ``bench.png`` beside it linked. The README's one headline table,
+between ``<!-- headline -->`` and ``<!-- /headline -->``, is that section's
+rows at the largest concurrency. ``--check`` exits 1 if the page or the
+headline is not what the reports render to (neither is edited by hand); a
+file that is not a report exits 1 naming it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,19 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 REPORTS = ROOT / "docs" / "bench"
 TARGET = ROOT / "docs" / "benchmarks.md"
+README = ROOT / "README.md"
+
+#: Where the README's headline table goes: the markers stay, what is between is rendered.
+HEADLINE = re.compile(r"<!-- headline -->\n.*?<!-- /headline -->\n|<!-- headline -->\n", re.S)
+#: The columns of ``wirecut bench``'s table the headline keeps.
+HEADLINE_COLUMNS = [
+    "scenario",
+    "system",
+    "trials",
+    "cancel -> complete p50 / p99",
+    "close never seen",
+    "leaked",
+]
 
 #: The order of the sections; reports not named here follow, by name.
 ORDER = [
@@ -257,6 +273,40 @@ def render(reports: list[dict[str, Any]]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def headline(reports: list[dict[str, Any]], target: Path, readme: Path) -> str:
+    """The README's headline block: ``wirecut bench``'s rows at the largest concurrency."""
+    found = next((r for r in reports if r["name"] == "wirecut_bench"), None)
+    if found is None:
+        return "<!-- headline -->\n"
+    table = found["tables"][0]
+    columns = table["columns"]
+    at_once = columns.index("at once")
+    top = max(int(row[at_once]) for row in table["rows"])
+    kept = [columns.index(name) for name in HEADLINE_COLUMNS]
+    page = os.path.relpath(target, readme.parent)
+    lines = [
+        "<!-- headline -->",
+        f"`wirecut bench`, {top} commands cancelled at one instant "
+        f"({machine_line(found['machine'])}; the rest in "
+        f"[{page}]({page}#{_anchor(found['title'])})):",
+        "",
+        "| " + " | ".join(HEADLINE_COLUMNS) + " |",
+        "|" + "---|" * len(HEADLINE_COLUMNS),
+        *(
+            "| " + " | ".join(row[i] for i in kept) + " |"
+            for row in table["rows"]
+            if int(row[at_once]) == top
+        ),
+        "",
+        "<!-- /headline -->",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _with_headline(readme_text: str, block: str) -> str:
+    return HEADLINE.sub(lambda _: block, readme_text, count=1)
+
+
 def _anchor(title: str) -> str:
     kept = "".join(c for c in title.lower() if c.isalnum() or c in " -_")
     return kept.strip().replace(" ", "-")
@@ -267,6 +317,9 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if the page is stale")
     parser.add_argument("--reports", type=Path, default=REPORTS, help="the JSON reports' folder")
     parser.add_argument("--target", type=Path, default=TARGET, help="the page to write")
+    parser.add_argument(
+        "--readme", type=Path, default=README, help="the README whose headline table to write"
+    )
     args = parser.parse_args()
     if not args.reports.is_dir():
         print(f"benchmarks.py: no folder {args.reports}", file=sys.stderr)
@@ -277,16 +330,26 @@ def main() -> int:
         print(f"benchmarks.py: {exc}", file=sys.stderr)
         return 1
     text = render(reports)
+    readme = args.readme.read_text() if args.readme.exists() else None
+    with_headline = None
+    if readme is not None:
+        with_headline = _with_headline(readme, headline(reports, args.target, args.readme))
     if args.check:
         current = args.target.read_text() if args.target.exists() else ""
-        if current != text:
-            print(
-                f"{args.target} is not what scripts/benchmarks.py renders from {args.reports}",
-                file=sys.stderr,
-            )
-            return 1
+        for path, now, wanted in (
+            (args.target, current, text),
+            (args.readme, readme, with_headline),
+        ):
+            if now != wanted:
+                print(
+                    f"{path} is not what scripts/benchmarks.py renders from {args.reports}",
+                    file=sys.stderr,
+                )
+                return 1
         return 0
     args.target.write_text(text)
+    if readme is not None and with_headline is not None and with_headline != readme:
+        args.readme.write_text(with_headline)
     print(f"wrote {args.target} from {len(reports)} reports in {args.reports}")
     return 0
 

@@ -49,6 +49,9 @@ Three trials.
 """
 
 
+README = "# wirecut\n\n## Measured\n\n<!-- headline -->\n\n## Documentation\n"
+
+
 def _report_class() -> Any:
     # bench/ is not a package: its modules import each other by bare name.
     sys.path.insert(0, str(ROOT / "bench"))
@@ -95,7 +98,7 @@ def _bench_json(folder: Path) -> None:
         "version": "0.1.0",
         "machine": {"cpus": 2, "python": "3.11.7", "platform": "Linux", "date": "2026-01-03"},
         "command": "wirecut bench --out docs/bench",
-        "rows": [row, naive],
+        "rows": [{**row, "concurrency": 1, "trials": 20}, row, naive],
         "console": {
             "sleep0_commands_per_second": 9799.0,
             "memory_per_command_kib": None,
@@ -122,6 +125,7 @@ def docs(tmp_path: Path) -> Path:
     _write_report(reports, "bench_aio", "Cancelling from asyncio", 0.75)
     _bench_json(reports)
     (reports / "bench.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (tmp_path / "README.md").write_text(README)
     return tmp_path / "docs"
 
 
@@ -134,6 +138,8 @@ def _run(docs: Path, *args: str) -> subprocess.CompletedProcess[str]:
             str(docs / "bench"),
             "--target",
             str(docs / "benchmarks.md"),
+            "--readme",
+            str(docs.parent / "README.md"),
             *args,
         ],
         capture_output=True,
@@ -194,6 +200,36 @@ def test_wirecut_bench_json_renders_as_a_section_with_its_chart(docs: Path) -> N
     )
     assert "| stream | 64 | naive | 64 | 12.25 / 13.93 ms | never | 64 | 3.030 | 64 |" in section
     assert "| 9799.0 | unknown | 17.1 KiB | 64 |" in section
+
+
+def test_the_readme_headline_is_wirecut_benchs_rows_at_the_largest_concurrency(
+    docs: Path,
+) -> None:
+    assert _run(docs).returncode == 0
+    readme = (docs.parent / "README.md").read_text()
+    assert readme == (
+        "# wirecut\n\n## Measured\n\n<!-- headline -->\n"
+        "`wirecut bench`, 64 commands cancelled at one instant (2 CPUs, Python 3.11.7, "
+        "commit unknown, 2026-01-03; the rest in [docs/benchmarks.md]"
+        "(docs/benchmarks.md#wirecut-bench-cancel-against-what-hosts-do-today)):\n\n"
+        "| scenario | system | trials | cancel -> complete p50 / p99 | close never seen "
+        "| leaked |\n|---|---|---|---|---|---|\n"
+        "| stream | wirecut | 128 | 12.25 / 13.93 ms | 0 | 0 |\n"
+        "| stream | naive | 64 | 12.25 / 13.93 ms | 64 | 64 |\n\n"
+        "<!-- /headline -->\n\n## Documentation\n"
+    )
+    assert _run(docs).returncode == 0  # Rendered again in place, not appended.
+    assert (docs.parent / "README.md").read_text() == readme
+    assert _run(docs, "--check").returncode == 0
+
+
+def test_check_fails_on_a_headline_edited_by_hand(docs: Path) -> None:
+    assert _run(docs).returncode == 0
+    readme = docs.parent / "README.md"
+    readme.write_text(readme.read_text().replace("| 128 |", "| 129 |"))
+    run = _run(docs, "--check")
+    assert run.returncode == 1
+    assert "README.md is not what scripts/benchmarks.py renders" in run.stderr
 
 
 def test_wirecut_bench_without_its_chart_links_none(docs: Path) -> None:
