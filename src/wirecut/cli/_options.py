@@ -81,10 +81,20 @@ def listen_options(
     )
 
 
-def seconds_option(flag: str, default: float, help: str, **kwargs: Any) -> Decorator:
-    """An option that takes a finite number of seconds > 0 (``seconds``), its default shown."""
+def seconds_option(
+    flag: str,
+    default: float,
+    help: str,
+    *,
+    check: Callable[[click.Context, click.Parameter, float], float] = seconds,
+    **kwargs: Any,
+) -> Decorator:
+    """An option that takes a number of seconds, its default shown.
+
+    ``check`` is its click callback: by default ``seconds`` (finite, > 0).
+    """
     return click.option(
-        flag, default=default, show_default=True, type=float, callback=seconds, help=help, **kwargs
+        flag, default=default, show_default=True, type=float, callback=check, help=help, **kwargs
     )
 
 
