@@ -5,7 +5,6 @@ from __future__ import annotations
 import ssl
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,7 +16,6 @@ from _loopback import (
     LoopbackServer,
     StallServer,
     connect_started,
-    self_signed,
 )
 from _promises import assert_cut_reached_the_server, assert_quiet
 from _support import BOUND
@@ -210,14 +208,6 @@ def test_a_connect_to_a_full_backlog_is_cut() -> None:
             with pytest.raises(Interrupted):
                 future.result(BOUND)
     assert_quiet(scope)
-
-
-@pytest.fixture
-def tls(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    made = self_signed(tmp_path)
-    if made is None:
-        pytest.skip("needs the openssl command")
-    return made[0], made[1]
 
 
 def test_over_tls_it_answers_and_a_cut_reaches_the_server(

@@ -8,7 +8,6 @@ import socket
 import ssl
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import httpx
@@ -21,7 +20,6 @@ from _loopback import (
     LoopbackServer,
     StallServer,
     connect_started,
-    self_signed,
 )
 from _promises import assert_cut_reached_the_server, assert_quiet, cyclic_garbage
 from _support import BOUND
@@ -55,14 +53,6 @@ def hold(ex: Exchange) -> None:
 def client() -> Iterator[httpx.Client]:
     with wirecut.http.client(timeout=30) as c:
         yield c
-
-
-@pytest.fixture
-def tls(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    made = self_signed(tmp_path)
-    if made is None:
-        pytest.skip("needs the openssl command")
-    return made[0], made[1]
 
 
 def test_without_a_scope_it_is_a_plain_keep_alive_client(client: httpx.Client) -> None:
