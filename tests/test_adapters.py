@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -17,6 +16,7 @@ import requests
 import wirecut.adapters
 from _loopback import Exchange, FullBacklog, LoopbackServer, StallServer, connect_started
 from _promises import assert_cut_reached_the_server, assert_quiet
+from _scoped_client import assert_a_cancelled_scopes_idle_connection_is_closed_without_gc
 from _support import BOUND
 from wirecut.adapters import ScopedHTTPAdapter, openai_client, openai_http_client
 from wirecut.adapters._openai import ScopedTransport2
@@ -352,27 +352,7 @@ def test_the_cuttable_client_still_retries_as_the_sdk_does() -> None:
 def test_a_cancelled_scopes_idle_requests_connection_is_closed_without_gc(
     session: requests.Session,
 ) -> None:
-    scope = InterruptScope("t")
-    requested = threading.Event()
-
-    def worker() -> None:
-        session.get(f"{server.url}/a")  # Done: its connection idles in the scope's pool.
-        requested.set()
-        scope.wait(threading.Event())
-
-    gc.disable()  # Only the close wirecut makes may count, not a collection.
-    try:
-        with LoopbackServer(answer) as server:
-            future = scope.spawn(worker)
-            assert requested.wait(BOUND)
-            assert server.closes == []
-            scope.cancel("stop")
-            with pytest.raises(Interrupted):
-                future.result(BOUND)
-            assert server.wait_closes(1)
-            assert_quiet(scope)
-    finally:
-        gc.enable()
+    assert_a_cancelled_scopes_idle_connection_is_closed_without_gc(session.get, answer)
 
 
 # -- keywords that would bypass the scoped transport ----------------------------

@@ -609,14 +609,7 @@ def test_what_a_finished_command_left_running_is_cut_and_its_complete_says_so(
 
 
 def test_a_cancel_during_the_confirmation_ends_the_command_at_once(tmp_path: Path) -> None:
-    def responder(body: dict[str, Any]) -> dict[str, Any]:
-        plan = {"umbrellas": [{"title": "Lyon", "summary": "the trip", "note_ids": [1, 2]}]}
-        return {"content": json.dumps(plan)}
-
-    with running_console(tmp_path, responder=responder) as running, running.client() as c:
-        _seed_notes(c)
-        store = NoteStore.in_data_dir(running.data_dir)
-        before = store.dump()
+    with _curator_console(tmp_path, _plan([1, 2])) as (c, store, before):
         id = c.run("curator run --consolidate")
         c.wait_for(lambda f: f["type"] == "confirm_required" and f["id"] == id)
         c.cancel(id)
@@ -722,6 +715,23 @@ def test_chat_takes_the_rest_of_the_line_as_typed(tmp_path: Path) -> None:
     assert said == ["what's the weather?", 'say "hi"  twice']
 
 
+def _plan(note_ids: list[int], summary: str = "the trip") -> Callable[[Any], dict[str, Any]]:
+    """A curator responder whose plan makes one umbrella "Lyon" of ``note_ids``."""
+    plan = {"umbrellas": [{"title": "Lyon", "summary": summary, "note_ids": note_ids}]}
+    return lambda body: {"content": json.dumps(plan)}
+
+
+@contextlib.contextmanager
+def _curator_console(
+    tmp_path: Path, responder: Callable[[Any], dict[str, Any]]
+) -> Iterator[tuple[ConsoleClient, NoteStore, Any]]:
+    """A console with two Lyon notes: its client, its store and the store's dump before."""
+    with running_console(tmp_path, responder=responder) as running, running.client() as c:
+        _seed_notes(c)
+        store = NoteStore.in_data_dir(running.data_dir)
+        yield c, store, store.dump()
+
+
 def _seed_notes(client: ConsoleClient) -> None:
     for title, body in [("Lyon trip", "train at 9"), ("Lyon hotel", "near the station")]:
         assert client.complete(client.run(f"memory add '{title}' -- '{body}'"))["status"] == "ok"
@@ -754,15 +764,8 @@ def test_a_cut_curator_consolidation_leaves_the_store_as_it_was(
 
 
 def test_an_invalid_plan_through_the_console_changes_nothing(tmp_path: Path) -> None:
-    def responder(body: dict[str, Any]) -> dict[str, Any]:
-        # Note 99 does not exist: the plan must be refused before any write.
-        plan = {"umbrellas": [{"title": "Lyon", "summary": "s", "note_ids": [1, 99]}]}
-        return {"content": json.dumps(plan)}
-
-    with running_console(tmp_path, responder=responder) as running, running.client() as c:
-        _seed_notes(c)
-        store = NoteStore.in_data_dir(running.data_dir)
-        before = store.dump()
+    # Note 99 does not exist: the plan must be refused before any write.
+    with _curator_console(tmp_path, _plan([1, 99], summary="s")) as (c, store, before):
         complete = c.complete(c.run("curator run --consolidate --yes"))
         assert complete["status"] == "error"
         assert store.dump() == before
@@ -770,14 +773,7 @@ def test_an_invalid_plan_through_the_console_changes_nothing(tmp_path: Path) -> 
 
 
 def test_curator_run_writes_only_after_the_confirmation(tmp_path: Path) -> None:
-    def responder(body: dict[str, Any]) -> dict[str, Any]:
-        plan = {"umbrellas": [{"title": "Lyon", "summary": "the trip", "note_ids": [1, 2]}]}
-        return {"content": json.dumps(plan)}
-
-    with running_console(tmp_path, responder=responder) as running, running.client() as c:
-        _seed_notes(c)
-        store = NoteStore.in_data_dir(running.data_dir)
-        before = store.dump()
+    with _curator_console(tmp_path, _plan([1, 2])) as (c, store, before):
         id = c.run("curator run --consolidate")
         asked = c.wait_for(lambda f: f["type"] == "confirm_required" and f["id"] == id)
         assert "Lyon" in asked["message"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ssl
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,28 +16,22 @@ from _loopback import (
     LoopbackServer,
     StallServer,
     connect_started,
-    self_signed,
 )
 from _promises import assert_cut_reached_the_server, assert_quiet
+from _scoped_client import (
+    assert_a_cut_in_a_stream_wakes_the_reader,
+    assert_a_cut_in_the_header_wait_reaches_the_server,
+    assert_an_idle_connection_is_not_counted_and_is_reused,
+    assert_the_socket_stays_registered_between_chunks,
+    hold,
+    ok,
+    stream_then_stall,
+)
 from _support import BOUND
 from wirecut.http import H1Transport, _h1
 from wirecut.scope import Interrupted, InterruptScope, bind_scope
 
 LONG = 60.0  # a timeout no test may reach: only a cut ends the wait within BOUND
-
-
-def ok(ex: Exchange) -> None:
-    ex.json({"path": ex.request.path})
-
-
-def hold(ex: Exchange) -> None:
-    ex.hold()
-
-
-def stream_then_stall(ex: Exchange) -> None:
-    ex.start_chunked()
-    ex.chunk(b"hello")
-    ex.hold()
 
 
 @pytest.fixture
@@ -55,16 +48,8 @@ def test_without_a_scope_it_is_a_keep_alive_client(client: httpx.Client) -> None
     assert server.requests[1].json() == {"a": 1}
 
 
-def test_an_idle_connection_is_not_counted_and_is_reused_in_its_scope(
-    client: httpx.Client,
-) -> None:
-    scope = InterruptScope("t")
-    with LoopbackServer(ok) as server, bind_scope(scope):
-        client.get(f"{server.url}/1")
-        assert scope.live()["sockets"] == 0
-        client.get(f"{server.url}/2")
-        assert server.connections == 1
-        assert scope.live()["sockets"] == 0
+def test_an_idle_connection_is_not_counted_and_is_reused_in_its_scope(client: httpx.Client) -> None:
+    assert_an_idle_connection_is_not_counted_and_is_reused(client)
 
 
 def test_two_scopes_never_share_a_connection(client: httpx.Client) -> None:
@@ -82,73 +67,19 @@ def test_two_scopes_never_share_a_connection(client: httpx.Client) -> None:
 def test_a_cut_during_the_header_wait_wakes_the_worker_and_the_server_sees_it(
     client: httpx.Client,
 ) -> None:
-    scope = InterruptScope("t")
-    with LoopbackServer(hold) as server:
-        future = scope.spawn(client.get, f"{server.url}/slow")
-        assert server.wait_requests(1)
-        assert scope.live()["sockets"] == 1
-        scope.cancel("stop")
-        with pytest.raises(Interrupted) as info:
-            future.result(BOUND)
-        assert info.value.reason == "stop"
-        assert_cut_reached_the_server(server, scope)
+    assert_a_cut_in_the_header_wait_reaches_the_server(client)
 
 
 def test_a_cut_during_a_stream_wakes_the_reader_and_the_server_sees_it(
     client: httpx.Client,
 ) -> None:
-    scope = InterruptScope("t")
-    first = threading.Event()
-    received: list[bytes] = []
-
-    def worker() -> None:
-        with client.stream("GET", f"{server.url}/s") as response:
-            for chunk in response.iter_raw():
-                received.append(chunk)
-                first.set()
-
-    with LoopbackServer(stream_then_stall) as server:
-        future = scope.spawn(worker)
-        assert first.wait(BOUND)
-        scope.cancel("stop")
-        with pytest.raises(Interrupted):
-            future.result(BOUND)
-        assert received == [b"hello"]
-        assert_cut_reached_the_server(server, scope)
+    assert_a_cut_in_a_stream_wakes_the_reader(client)
 
 
 def test_the_socket_stays_registered_between_chunks_and_is_released_at_the_end(
     client: httpx.Client,
 ) -> None:
-    scope = InterruptScope("t")
-    between = threading.Event()
-    go_on = threading.Event()
-    seen: list[int] = []
-
-    def two_chunks(ex: Exchange) -> None:
-        ex.start_chunked()
-        ex.chunk(b"one")
-        go_on.wait(BOUND)
-        ex.chunk(b"two")
-        ex.end_chunked()
-
-    def worker() -> bytes:
-        parts = []
-        with client.stream("GET", f"{server.url}/s") as response:
-            for chunk in response.iter_raw():
-                parts.append(chunk)
-                seen.append(scope.live()["sockets"])
-                between.set()
-        seen.append(scope.live()["sockets"])
-        return b"".join(parts)
-
-    with LoopbackServer(two_chunks) as server:
-        future = scope.spawn(worker)
-        assert between.wait(BOUND)
-        assert scope.live()["sockets"] == 1
-        go_on.set()
-        assert future.result(BOUND) == b"onetwo"
-        assert seen == [1, 1, 0]
+    assert_the_socket_stays_registered_between_chunks(client)
 
 
 def test_a_body_closed_before_its_end_closes_the_connection(client: httpx.Client) -> None:
@@ -210,14 +141,6 @@ def test_a_connect_to_a_full_backlog_is_cut() -> None:
             with pytest.raises(Interrupted):
                 future.result(BOUND)
     assert_quiet(scope)
-
-
-@pytest.fixture
-def tls(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    made = self_signed(tmp_path)
-    if made is None:
-        pytest.skip("needs the openssl command")
-    return made[0], made[1]
 
 
 def test_over_tls_it_answers_and_a_cut_reaches_the_server(

@@ -8,7 +8,6 @@ import socket
 import ssl
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import httpx
@@ -21,9 +20,18 @@ from _loopback import (
     LoopbackServer,
     StallServer,
     connect_started,
-    self_signed,
 )
 from _promises import assert_cut_reached_the_server, assert_quiet, cyclic_garbage
+from _scoped_client import (
+    assert_a_cancelled_scopes_idle_connection_is_closed_without_gc,
+    assert_a_cut_in_a_stream_wakes_the_reader,
+    assert_a_cut_in_the_header_wait_reaches_the_server,
+    assert_an_idle_connection_is_not_counted_and_is_reused,
+    assert_the_socket_stays_registered_between_chunks,
+    hold,
+    ok,
+    stream_then_stall,
+)
 from _support import BOUND
 from wirecut.http import (
     ScopedNetworkBackend,
@@ -43,26 +51,10 @@ from wirecut.scope import Interrupted, InterruptScope, bind_scope
 LONG = 60.0
 
 
-def ok(ex: Exchange) -> None:
-    ex.json({"path": ex.request.path})
-
-
-def hold(ex: Exchange) -> None:
-    ex.hold()
-
-
 @pytest.fixture
 def client() -> Iterator[httpx.Client]:
     with wirecut.http.client(timeout=30) as c:
         yield c
-
-
-@pytest.fixture
-def tls(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    made = self_signed(tmp_path)
-    if made is None:
-        pytest.skip("needs the openssl command")
-    return made[0], made[1]
 
 
 def test_without_a_scope_it_is_a_plain_keep_alive_client(client: httpx.Client) -> None:
@@ -78,76 +70,17 @@ def test_without_a_scope_it_is_a_plain_keep_alive_client(client: httpx.Client) -
 def test_cut_during_the_header_wait_wakes_the_worker_and_closes_the_connection(
     client: httpx.Client,
 ) -> None:
-    scope = InterruptScope("t")
-    with LoopbackServer(hold) as server:
-        future = scope.spawn(client.get, f"{server.url}/slow")
-        assert server.wait_requests(1)
-        assert scope.live()["sockets"] == 1
-        scope.cancel("stop")
-        with pytest.raises(Interrupted) as info:
-            future.result(BOUND)
-        assert info.value.reason == "stop"
-        assert_cut_reached_the_server(server, scope)
+    assert_a_cut_in_the_header_wait_reaches_the_server(client)
 
 
 def test_cut_during_a_stream_wakes_the_reader(client: httpx.Client) -> None:
-    scope = InterruptScope("t")
-    first = threading.Event()
-    received: list[bytes] = []
-
-    def stream_then_stall(ex: Exchange) -> None:
-        ex.start_chunked()
-        ex.chunk(b"hello")
-        ex.hold()
-
-    def worker() -> None:
-        with client.stream("GET", f"{server.url}/s") as response:
-            for chunk in response.iter_raw():
-                received.append(chunk)
-                first.set()
-
-    with LoopbackServer(stream_then_stall) as server:
-        future = scope.spawn(worker)
-        assert first.wait(BOUND)
-        scope.cancel("stop")
-        with pytest.raises(Interrupted):
-            future.result(BOUND)
-        assert received == [b"hello"]
-        assert_cut_reached_the_server(server, scope)
+    assert_a_cut_in_a_stream_wakes_the_reader(client)
 
 
 def test_the_socket_stays_registered_between_chunks_of_a_streamed_body(
     client: httpx.Client,
 ) -> None:
-    scope = InterruptScope("t")
-    between = threading.Event()
-    go_on = threading.Event()
-    seen: list[int] = []
-
-    def two_chunks(ex: Exchange) -> None:
-        ex.start_chunked()
-        ex.chunk(b"one")
-        go_on.wait(BOUND)
-        ex.chunk(b"two")
-        ex.end_chunked()
-
-    def worker() -> bytes:
-        parts = []
-        with client.stream("GET", f"{server.url}/s") as response:
-            for chunk in response.iter_raw():
-                parts.append(chunk)
-                seen.append(scope.live()["sockets"])
-                between.set()
-        seen.append(scope.live()["sockets"])
-        return b"".join(parts)
-
-    with LoopbackServer(two_chunks) as server:
-        future = scope.spawn(worker)
-        assert between.wait(BOUND)
-        assert scope.live()["sockets"] == 1  # Headers and a chunk in, the body not done.
-        go_on.set()
-        assert future.result(BOUND) == b"onetwo"
-        assert seen == [1, 1, 0]
+    assert_the_socket_stays_registered_between_chunks(client)
 
 
 def test_a_stalled_tls_handshake_is_cut() -> None:
@@ -326,13 +259,7 @@ def test_a_request_under_a_cancelled_scope_opens_no_connection(client: httpx.Cli
 def test_an_idle_pooled_connection_is_not_counted_and_is_reused_in_its_scope(
     client: httpx.Client,
 ) -> None:
-    scope = InterruptScope("t")
-    with LoopbackServer(ok) as server, bind_scope(scope):
-        client.get(f"{server.url}/1")
-        assert scope.live()["sockets"] == 0
-        client.get(f"{server.url}/2")
-        assert server.connections == 1
-        assert scope.live()["sockets"] == 0
+    assert_an_idle_connection_is_not_counted_and_is_reused(client)
 
 
 def test_two_scopes_never_share_a_connection(client: httpx.Client) -> None:
@@ -388,27 +315,7 @@ def test_a_cut_scopes_pool_is_closed_by_its_last_request(client: httpx.Client) -
 
 
 def test_a_cancelled_scopes_idle_connection_is_closed_without_gc(client: httpx.Client) -> None:
-    scope = InterruptScope("t")
-    requested = threading.Event()
-
-    def worker() -> None:
-        client.get(f"{server.url}/1")  # Done: its connection idles in the scope's pool.
-        requested.set()
-        scope.wait(threading.Event())  # Then blocked elsewhere until the cancel.
-
-    gc.disable()  # Only the close wirecut makes may count, not a collection.
-    try:
-        with LoopbackServer(ok) as server:
-            future = scope.spawn(worker)
-            assert requested.wait(BOUND)
-            assert server.closes == []
-            scope.cancel("stop")
-            with pytest.raises(Interrupted):
-                future.result(BOUND)
-            assert server.wait_closes(1)
-            assert_quiet(scope)
-    finally:
-        gc.enable()
+    assert_a_cancelled_scopes_idle_connection_is_closed_without_gc(client.get, ok)
 
 
 def test_a_cut_streams_pool_is_freed_when_its_response_closes(client: httpx.Client) -> None:
@@ -416,11 +323,6 @@ def test_a_cut_streams_pool_is_freed_when_its_response_closes(client: httpx.Clie
     # the body held on to the connection and the scope's pool, and all of it
     # waited for a full collection (tens of ms on the console's event loop,
     # in the middle of a burst of cancels).
-    def stream_then_stall(ex: Exchange) -> None:
-        ex.start_chunked()
-        ex.chunk(b"hello")
-        ex.hold()
-
     def cut_stream() -> None:
         scope = InterruptScope("t")
         first = threading.Event()

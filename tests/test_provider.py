@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,7 +21,6 @@ from _loopback import (
     LoopbackServer,
     StallServer,
     connect_started,
-    self_signed,
 )
 from _promises import assert_quiet, cyclic_garbage
 from _support import BOUND
@@ -559,11 +558,10 @@ def test_a_redirect_to_a_scheme_it_cannot_speak_is_not_retried() -> None:
     assert len(server.requests) == 1
 
 
-def test_a_certificate_that_does_not_verify_is_not_retried(tmp_path: Path) -> None:
-    made = self_signed(tmp_path)
-    if made is None:
-        pytest.skip("needs the openssl command")
-    with LoopbackServer(hello_stream, ssl_context=made[0]) as server:
+def test_a_certificate_that_does_not_verify_is_not_retried(
+    tls: tuple[ssl.SSLContext, ssl.SSLContext],
+) -> None:
+    with LoopbackServer(hello_stream, ssl_context=tls[0]) as server:
         with ChatClient(server.url, max_retries=3) as client:  # Trusts only the system's CAs.
             with pytest.raises(ProviderConnectionError, match="CERTIFICATE_VERIFY_FAILED") as info:
                 client.chat(MESSAGES)

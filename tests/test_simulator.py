@@ -22,37 +22,18 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
+from _sim import FAST, HELLO, of, raw_post, request_id_of
 from wirecut.cli import main
 from wirecut.simulator import (
     EventKind,
     RequestState,
     SimConfig,
-    SimEvent,
     SimulatorServer,
     directive_responder,
 )
 from wirecut.simulator import _openai_format as openai_format
 from wirecut.simulator._chat_request import MAX_TOKENS_LIMIT
 from wirecut.simulator._slots import SlotPool
-
-FAST: dict[str, Any] = {"tokens_per_second": 200.0, "prompt_ms": 10.0, "reply_tokens": 8}
-HELLO = [{"role": "user", "content": "hello"}]
-
-
-@pytest.fixture
-def make_sim() -> Iterator[Callable[..., SimulatorServer]]:
-    """Start simulators with FAST defaults overridden by keywords; stop them all after."""
-    servers: list[SimulatorServer] = []
-
-    def make(responder: Any = None, **overrides: Any) -> SimulatorServer:
-        server = SimulatorServer(SimConfig(**{**FAST, **overrides}), responder=responder)
-        server.start()
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -70,31 +51,7 @@ def client() -> Iterator[httpx.Client]:
 
 def raw_request(sim: SimulatorServer, body: dict[str, Any]) -> socket.socket:
     """Send a chat completion on a raw socket and leave the response unread."""
-    sock = socket.create_connection((sim.host, sim.port), timeout=10)
-    data = json.dumps(body).encode()
-    head = (
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: sim\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
-    )
-    sock.sendall(head.encode() + data)
-    return sock
-
-
-def request_id_of(sim: SimulatorServer, sock: socket.socket) -> str:
-    """The simulator's id for the request sent on ``sock`` (matched by client port)."""
-    host, port = sock.getsockname()[:2]
-    event = sim.wait_for(
-        lambda ev: (
-            ev.kind == EventKind.REQUEST_RECEIVED and ev.detail["client"] == f"{host}:{port}"
-        ),
-        timeout=5,
-    )
-    assert event.request_id is not None
-    return event.request_id
-
-
-def of(kind: EventKind, request_id: str) -> Callable[[SimEvent], bool]:
-    return lambda ev: ev.kind == kind and ev.request_id == request_id
+    return raw_post(sim, "/v1/chat/completions", body)
 
 
 def summary(sim: SimulatorServer, request_id: str) -> Any:

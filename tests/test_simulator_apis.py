@@ -19,16 +19,11 @@ import httpx
 import openai
 import pytest
 
-from _sim import HELLO, body_for, of, raw_post, request_id_of, sim_factory, sse_events
+from _sim import HELLO, body_for, of, raw_post, request_id_of, sse_events
 from wirecut.simulator import EventKind, RequestState, SimulatorServer, directive_responder
 
 ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"]
 NEW_ROUTES = ROUTES[1:]
-
-
-@pytest.fixture
-def make_sim() -> Iterator[Callable[..., SimulatorServer]]:
-    yield from sim_factory()
 
 
 @pytest.fixture

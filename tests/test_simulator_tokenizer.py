@@ -20,17 +20,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from _sim import HELLO, sim_factory, sse_events
+from _sim import HELLO, sse_events
 from wirecut.simulator import SimulatorServer
 from wirecut.simulator._tokenizer import Tokenizer, UnknownToken, split
 from wirecut.simulator._words import MULTIBYTE_WORDS, WORDS
 
 ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"]
-
-
-@pytest.fixture
-def make_sim() -> Iterator[Callable[..., SimulatorServer]]:
-    yield from sim_factory()
 
 
 @pytest.fixture

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import click
 
-from wirecut.cli._options import api_key, provider_options
+from wirecut.cli._options import (
+    exit_with_report,
+    progress_log,
+    proof_api_key,
+    provider_options,
+)
 
 __all__ = ["doctor"]
 
@@ -58,7 +62,7 @@ def doctor(
 ) -> None:
     """Cut requests (streaming, not, queued, in their prompt); did the provider let go?"""
     from wirecut.launch import given_provider_url
-    from wirecut.proof import CheckMode, DoctorError, run_doctor, url_problem
+    from wirecut.proof import CheckMode, DoctorError, run_doctor
     from wirecut.proof._doctor import RELEASE_WINDOW
 
     url, _ = given_provider_url(provider_url, "--provider-url")
@@ -66,14 +70,7 @@ def doctor(
         raise click.UsageError(
             "give the provider with --provider-url URL (or set WIRECUT_PROVIDER_URL)"
         )
-    problem = url_problem(url)
-    if problem is not None:
-        raise click.BadParameter(problem, param_hint="--provider-url")
-    key = api_key("doctor", api_key_flag, api_key_file)
-
-    def log(line: str) -> None:
-        click.echo(f"doctor: {line}", err=True)
-
+    key = proof_api_key("doctor", url, api_key_flag, api_key_file)
     try:
         report = run_doctor(
             url,
@@ -82,14 +79,10 @@ def doctor(
             min_poll=min_poll,
             window=RELEASE_WINDOW if window is None else window,
             modes=tuple(CheckMode(mode) for mode in modes),
-            log=log,
+            log=progress_log("doctor"),
         )
     except DoctorError as exc:
         raise click.ClickException(str(exc)) from None
-    if as_json:
-        click.echo(json.dumps(report.to_json()))
-    else:
-        for line in report.lines():
-            click.echo(line)
-    sys.stdout.flush()
-    sys.exit(report.exit_code)
+    exit_with_report(
+        [json.dumps(report.to_json())] if as_json else report.lines(), report.exit_code
+    )

@@ -21,6 +21,7 @@ from typing import Any
 import click
 
 from wirecut._json import JSONError, loads
+from wirecut.cli._options import seconds_option
 
 __all__ = ["mcp_probe"]
 
@@ -52,32 +53,26 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
     metavar="JSON",
     help="The tool's arguments, a JSON object. Default: {}.",
 )
-@click.option(
+@seconds_option(
     "--cancel-after",
-    type=float,
-    default=1.0,
-    show_default=True,
-    callback=_seconds,
+    1.0,
+    "Seconds from the call to its cancel.",
+    check=_seconds,
     metavar="S",
-    help="Seconds from the call to its cancel.",
 )
-@click.option(
+@seconds_option(
     "--confirm-timeout",
-    type=float,
-    default=10.0,
-    show_default=True,
-    callback=_seconds,
+    10.0,
+    "How long to wait for the server to confirm the stop.",
+    check=_seconds,
     metavar="S",
-    help="How long to wait for the server to confirm the stop.",
 )
-@click.option(
+@seconds_option(
     "--connect-timeout",
-    type=float,
-    default=10.0,
-    show_default=True,
-    callback=_seconds,
+    10.0,
+    "How long the server may take to start and finish the handshake.",
+    check=_seconds,
     metavar="S",
-    help="How long the server may take to start and finish the handshake.",
 )
 def mcp_probe(
     server: str,

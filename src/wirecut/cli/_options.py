@@ -14,9 +14,9 @@ import math
 import os
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import click
 
@@ -81,10 +81,20 @@ def listen_options(
     )
 
 
-def seconds_option(flag: str, default: float, help: str, **kwargs: Any) -> Decorator:
-    """An option that takes a finite number of seconds > 0 (``seconds``), its default shown."""
+def seconds_option(
+    flag: str,
+    default: float,
+    help: str,
+    *,
+    check: Callable[[click.Context, click.Parameter, float], float] = seconds,
+    **kwargs: Any,
+) -> Decorator:
+    """An option that takes a number of seconds, its default shown.
+
+    ``check`` is its click callback: by default ``seconds`` (finite, > 0).
+    """
     return click.option(
-        flag, default=default, show_default=True, type=float, callback=seconds, help=help, **kwargs
+        flag, default=default, show_default=True, type=float, callback=check, help=help, **kwargs
     )
 
 
@@ -146,6 +156,36 @@ def provider_options(*, url_help: str, model_help: str) -> Decorator:
         click.option("--model", default=None, help=model_help),
         api_key_options(),
     )
+
+
+def proof_api_key(program: str, url: str | None, flag: str | None, path: Path | None) -> str | None:
+    """A proof tool's API key (``api_key``), once its ``--provider-url`` passed ``url_problem``.
+
+    A URL wirecut cannot ask is a ``BadParameter`` that says what is wrong with it.
+    """
+    from wirecut.proof import url_problem
+
+    problem = None if url is None else url_problem(url)
+    if problem is not None:
+        raise click.BadParameter(problem, param_hint="--provider-url")
+    return api_key(program, flag, path)
+
+
+def progress_log(program: str) -> Callable[[str], None]:
+    """A proof tool's progress: each line to stderr, after ``program:``."""
+
+    def log(line: str) -> None:
+        click.echo(f"{program}: {line}", err=True)
+
+    return log
+
+
+def exit_with_report(lines: Iterable[str], exit_code: int) -> NoReturn:
+    """Print a proof tool's report on stdout and exit with its code."""
+    for line in lines:
+        click.echo(line)
+    sys.stdout.flush()
+    sys.exit(exit_code)
 
 
 def is_loopback(host: str) -> bool:

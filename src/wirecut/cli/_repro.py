@@ -6,12 +6,11 @@ stderr. Exits 0 only when every fact holds for wirecut.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
-from wirecut.cli._options import api_key, provider_options
+from wirecut.cli._options import exit_with_report, progress_log, proof_api_key, provider_options
 
 __all__ = ["repro"]
 
@@ -36,25 +35,19 @@ def repro(
     """Replay the cancel of `curator run --consolidate --yes` and print its facts."""
     import httpx
 
-    from wirecut.proof import ReproError, run_repro, url_problem
+    from wirecut.proof import ReproError, run_repro
 
-    problem = None if provider_url is None else url_problem(provider_url)
-    if problem is not None:
-        raise click.BadParameter(problem, param_hint="--provider-url")
-    key = api_key("repro", api_key_flag, api_key_file)
-
-    def log(line: str) -> None:
-        click.echo(f"repro: {line}", err=True)
-
+    key = proof_api_key("repro", provider_url, api_key_flag, api_key_file)
     try:
         report = run_repro(
-            provider_url=provider_url, model=model, api_key=key, baseline=baseline, log=log
+            provider_url=provider_url,
+            model=model,
+            api_key=key,
+            baseline=baseline,
+            log=progress_log("repro"),
         )
     except httpx.HTTPError as exc:
         raise click.ClickException(f"cannot reach the provider at {provider_url}: {exc}") from None
     except (TimeoutError, ReproError) as exc:
         raise click.ClickException(str(exc)) from None
-    for line in report.lines():
-        click.echo(line)
-    sys.stdout.flush()
-    sys.exit(report.exit_code)
+    exit_with_report(report.lines(), report.exit_code)

@@ -237,12 +237,7 @@ class _Delivery:
                 if self.done.done():
                     return
             if not parser.complete and (conn.error is not None or conn.closed):
-                raise_if_cut(self.scope)  # A cut reads as the end: say it was the cut.
-                _raise_for(conn)
-                try:
-                    parser.feed_eof()
-                except ResponseProtocolError as exc:
-                    raise httpx.RemoteProtocolError(str(exc)) from None
+                _connection_ended(conn, parser, self.scope)
                 data = parser.take_body()
                 if data:
                     self.on_body(data)
@@ -320,12 +315,7 @@ class AsyncH1Response:
             if parser.complete:
                 return b""
             if conn.error is not None or conn.closed:
-                raise_if_cut(self._scope)  # A cut reads as the end: say it was the cut.
-                _raise_for(conn)
-                try:
-                    parser.feed_eof()
-                except ResponseProtocolError as exc:
-                    raise httpx.RemoteProtocolError(str(exc)) from None
+                _connection_ended(conn, parser, self._scope)
                 continue  # Complete: its body was "until the connection closes".
             await conn.wait()
 
@@ -389,6 +379,22 @@ class AsyncH1Response:
 
     async def __aexit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _connection_ended(
+    conn: _Connection, parser: ResponseParser, scope: InterruptScope | None
+) -> None:
+    """The connection ended before the body did: raise why, or end a body read to the close.
+
+    A cut reads as the end: it raises ``Interrupted``; a failed connection
+    its error; a body cut short ``httpx.RemoteProtocolError``.
+    """
+    raise_if_cut(scope)
+    _raise_for(conn)
+    try:
+        parser.feed_eof()
+    except ResponseProtocolError as exc:
+        raise httpx.RemoteProtocolError(str(exc)) from None
 
 
 def _raise_for(conn: _Connection) -> None:

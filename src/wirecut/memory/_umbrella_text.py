@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from wirecut.memory._notes import Note, check_body, check_title
 from wirecut.memory._related import (
@@ -97,8 +97,17 @@ def normal(text: str) -> str:
     return " ".join(re.sub(r"[^\w\s]|_", " ", text.casefold()).split())
 
 
-def _unfit(what: str, text: str) -> str | None:
-    """Why ``text`` is no title or summary at all (no words, a placeholder), or None."""
+def _unfit(what: str, text: str, check: Callable[[str], object]) -> str | None:
+    """Why ``text`` is no title or summary at all, or None.
+
+    ``check`` is the store's own check of such a field (``check_title`` or
+    ``check_body``, a ``ValueError`` saying why); past it, no words or a
+    placeholder is unfit too.
+    """
+    try:
+        check(text)
+    except ValueError as exc:
+        return f"the {what} {exc}"
     if not any(char.isalnum() for char in text):
         shown = f" ({text.strip()!r})" if text.strip() else ""
         return f"the {what} has no words{shown}"
@@ -119,11 +128,7 @@ def title_problems(title: str, members: Sequence[Note], others: Sequence[Note] =
     notes it does not merge ("Bike tyres" over the chain and the brakes,
     the tyres left out).
     """
-    try:
-        check_title(title)
-    except ValueError as exc:
-        return [f"the title {exc}"]
-    unfit = _unfit("title", title)
+    unfit = _unfit("title", title, check_title)
     if unfit is not None:
         return [unfit]
     problems = []
@@ -177,11 +182,7 @@ def summary_problems(summary: str, title: str, members: Sequence[Note]) -> list[
     A summary must have words, not be a placeholder or only its title, end
     a sentence, and hold no number or proper name that no member holds.
     """
-    try:
-        check_body(summary)
-    except ValueError as exc:
-        return [f"the summary {exc}"]
-    unfit = _unfit("summary", summary)
+    unfit = _unfit("summary", summary, check_body)
     if unfit is not None:
         return [unfit]
     if normal(summary) == normal(title):

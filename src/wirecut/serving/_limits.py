@@ -295,14 +295,25 @@ def _require(obj: object, names: tuple[str, ...]) -> None:
     missing = [name for name in names if not hasattr(obj, name)]
     if missing:
         cls = obj if isinstance(obj, type) else type(obj)
+        # Name uvicorn's class, the one that lacks them (past wirecut's mixins).
+        base = next(c for c in cls.__mro__ if c.__module__.startswith("uvicorn."))
         raise RuntimeError(
-            f"{cls.__mro__[1].__name__} has no {', '.join(missing)}: this uvicorn is not "
+            f"{base.__name__} has no {', '.join(missing)}: this uvicorn is not "
             "one wirecut was checked against (see pyproject.toml's cap)"
         )
 
 
-class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a request-head deadline, a send bound and the cap."""
+class _GuardedProtocol(asyncio.Protocol):
+    """What every guarded protocol shares: uvicorn's constructor, the guard and ``forget``.
+
+    A mixin before one of uvicorn's protocols (which all derive from
+    ``asyncio.Protocol``, so ``super()`` here reaches uvicorn's methods).
+    """
+
+    #: What the subclass relies on of uvicorn's protocol, checked at construction.
+    _uses: tuple[str, ...] = ()
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
 
     def __init__(
         self,
@@ -311,34 +322,41 @@ class GuardedH11Protocol(H11Protocol):
         app_state: dict[str, Any],
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
-        super().__init__(config, server_state, app_state, _loop)
-        _require(self, ("conn", "cycle", "transport", "loop"))
+        # uvicorn's protocol, next in the MRO, takes these; asyncio.Protocol does not.
+        super().__init__(config, server_state, app_state, _loop)  # type: ignore[call-arg]
+        _require(self, self._uses)
         self._guard = _guard_of(config)
-        self._head_deadline = 0.0
-        self._paused_since: float | None = None
-
-    def connection_made(  # type: ignore[override]
-        self, transport: asyncio.Transport
-    ) -> None:
-        super().connection_made(transport)
-        self._head_deadline = self.loop.time() + self._guard.limits.head_timeout
-        if not self._guard.opened(self):
-            transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._guard.forget(self)
         super().connection_lost(exc)
 
-    def on_response_complete(self) -> None:
-        # The next request head gets its own deadline (uvicorn's keep-alive
-        # timer is disarmed by its first byte, so it does not bound it).
-        self._head_deadline = self.loop.time() + self._guard.limits.head_timeout
-        super().on_response_complete()
+    def idle(self) -> bool:
+        """True while the connection may be evicted at the cap (see ``ConnectionGuard``)."""
+        raise NotImplementedError
 
-    def handle_websocket_upgrade(self, event: h11.Request) -> None:
-        # The WebSocket protocol takes this connection over and adopts it.
-        self._guard.forget(self)
-        super().handle_websocket_upgrade(event)
+    def check(self, now: float) -> Dropped | None:
+        """Why the guard must end this connection at ``now``, or None."""
+        raise NotImplementedError
+
+
+class _GuardedHttp(_GuardedProtocol):
+    """The bounds the two guarded HTTP protocols share: head deadline, send bound and cap."""
+
+    cycle: Any  # uvicorn's RequestResponseCycle of the protocol's own module
+    _head_deadline = 0.0
+    _paused_since: float | None = None
+
+    def connection_made(  # type: ignore[override]
+        self, transport: asyncio.Transport
+    ) -> None:
+        super().connection_made(transport)
+        self._arm_head_deadline()
+        if not self._guard.opened(self):
+            transport.close()
+
+    def _arm_head_deadline(self) -> None:
+        self._head_deadline = self.loop.time() + self._guard.limits.head_timeout
 
     def pause_writing(self) -> None:
         self._paused_since = self.loop.time()
@@ -362,7 +380,24 @@ class GuardedH11Protocol(H11Protocol):
         return None
 
 
-class GuardedHttpToolsProtocol(HttpToolsProtocol):
+class GuardedH11Protocol(_GuardedHttp, H11Protocol):
+    """uvicorn's h11 protocol with a request-head deadline, a send bound and the cap."""
+
+    _uses = ("conn", "cycle", "transport", "loop")
+
+    def on_response_complete(self) -> None:
+        # The next request head gets its own deadline (uvicorn's keep-alive
+        # timer is disarmed by its first byte, so it does not bound it).
+        self._arm_head_deadline()
+        super().on_response_complete()
+
+    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+        # The WebSocket protocol takes this connection over and adopts it.
+        self._guard.forget(self)
+        super().handle_websocket_upgrade(event)
+
+
+class GuardedHttpToolsProtocol(_GuardedHttp, HttpToolsProtocol):
     """uvicorn's httptools protocol with the same bounds as ``GuardedH11Protocol``.
 
     For a server whose responses are many small pieces (the proxy's
@@ -371,31 +406,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     ``max_head`` is answered 431 and the connection closed.
     """
 
-    def __init__(
-        self,
-        config: uvicorn.Config,
-        server_state: ServerState,
-        app_state: dict[str, Any],
-        _loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        super().__init__(config, server_state, app_state, _loop)
-        _require(self, ("cycle", "transport", "loop", "parser"))
-        self._guard = _guard_of(config)
-        self._head_deadline = 0.0
-        self._paused_since: float | None = None
-        self._head_bytes = 0  # of the head being read; -1 once it is complete
-
-    def connection_made(  # type: ignore[override]
-        self, transport: asyncio.Transport
-    ) -> None:
-        super().connection_made(transport)
-        self._head_deadline = self.loop.time() + self._guard.limits.head_timeout
-        if not self._guard.opened(self):
-            transport.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._guard.forget(self)
-        super().connection_lost(exc)
+    _uses = ("cycle", "transport", "loop", "parser")
+    _head_bytes = 0  # of the head being read; -1 once it is complete
 
     def data_received(self, data: bytes) -> None:
         reading_head = self._head_bytes >= 0
@@ -415,7 +427,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         # The next request head gets its own deadline and its own count.
-        self._head_deadline = self.loop.time() + self._guard.limits.head_timeout
+        self._arm_head_deadline()
         self._head_bytes = 0
         super().on_response_complete()
 
@@ -423,27 +435,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # The WebSocket protocol takes this connection over and adopts it.
         self._guard.forget(self)
         super().handle_websocket_upgrade()
-
-    def pause_writing(self) -> None:
-        self._paused_since = self.loop.time()
-        super().pause_writing()
-
-    def resume_writing(self) -> None:
-        self._paused_since = None
-        super().resume_writing()
-
-    def idle(self) -> bool:
-        """True while no request is in progress: no complete head since the last response."""
-        return self.cycle is None or self.cycle.response_complete
-
-    def check(self, now: float) -> Dropped | None:
-        if self.idle() and now > self._head_deadline:
-            return Dropped.HEAD_TIMEOUT
-        if self._paused_since is not None and now - self._paused_since > (
-            self._guard.limits.send_timeout
-        ):
-            return Dropped.SEND_TIMEOUT
-        return None
 
     def _refuse_head(self) -> None:
         message = b"the request head is too large"
@@ -455,31 +446,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
+class GuardedWebSocketProtocol(_GuardedProtocol, WebSocketsSansIOProtocol):
     """uvicorn's websockets-sansio protocol with a handshake bound, a pong bound and ``abort``."""
 
-    def __init__(
-        self,
-        config: uvicorn.Config,
-        server_state: ServerState,
-        app_state: dict[str, Any],
-        _loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        super().__init__(config, server_state, app_state, _loop)
-        _require(self, ("handshake_complete", "close_timeout", "transport", "loop", "writable"))
-        self._guard = _guard_of(config)
-        # uvicorn's bound on the closing handshake (10 s, no setting for it).
-        self.close_timeout = self._guard.limits.close_timeout
-        self._opened_at = 0.0
+    _uses = ("handshake_complete", "close_timeout", "transport", "loop", "writable")
+    _opened_at = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvicorn's bound on the closing handshake (10 s, no setting for it).
+        self.close_timeout = self._guard.limits.close_timeout
         super().connection_made(transport)
         self._opened_at = self.loop.time()
         self._guard.adopt(self)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._guard.forget(self)
-        super().connection_lost(exc)
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
