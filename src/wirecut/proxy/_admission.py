@@ -78,6 +78,21 @@ class Admission:
         except ValueError:
             pass
 
+    def resize(self, slots: int | None) -> None:
+        """Change the number of places (None: unlimited); more places admit waiters at once.
+
+        Fewer places take none back: the requests in flight run on, and no
+        waiter is admitted until in flight falls under the new number.
+        """
+        if slots is not None and (isinstance(slots, bool) or slots < 1):
+            raise ValueError(f"slots must be a whole number >= 1 or None, not {slots!r}")
+        self.slots = slots
+        while self._waiters and self._free():
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self.in_flight += 1
+                waiter.set_result(None)  # Its place; in_flight counts it.
+
     def leave(self) -> None:
         """Give a place back: to the oldest waiter, or to the pool."""
         while self._waiters:

@@ -127,19 +127,28 @@ class Upstream:
         #: The API base's path ("/v1"), and the server root's ("").
         self.prefix = parts.path.rstrip("/")
         self.root_prefix = urlsplit(self.root).path.rstrip("/")
-        self.headers: list[tuple[str, str]] = []
+        self._basic: str | None = None
         if parts.username is not None or parts.password is not None:
             user = unquote(parts.username or "")
             secret = unquote(parts.password or "")
             token = base64.b64encode(f"{user}:{secret}".encode()).decode("ascii")
-            self.headers.append(("Authorization", f"Basic {token}"))
-        elif api_key:
-            self.headers.append(("Authorization", f"Bearer {api_key}"))
+            self._basic = f"Basic {token}"
+        self.headers: list[tuple[str, str]] = []
+        self.authorize(api_key)
         # Shorter than the usual server keep-alive (5 s: uvicorn, llama.cpp),
         # so that a reused connection is not one the server is closing.
         self.client = AsyncH1Client(
             self.base_url, connect_timeout=connect_timeout, keepalive_expiry=2.0
         )
+
+    def authorize(self, api_key: str | None) -> None:
+        """Send ``api_key`` from now on (credentials in the URL go instead, if any)."""
+        if self._basic is not None:
+            self.headers = [("Authorization", self._basic)]
+        elif api_key:
+            self.headers = [("Authorization", f"Bearer {api_key}")]
+        else:
+            self.headers = []
 
     def target(self, path: str) -> str:
         """The request target of ``path`` under the API base (``chat/completions``)."""
