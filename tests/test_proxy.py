@@ -138,7 +138,8 @@ def prompt_tokens(
     sim: SimulatorServer, body: dict[str, Any], route: str = "chat/completions"
 ) -> int:
     """The prompt count the upstream itself reports for ``body`` (asked directly)."""
-    whole = {**body, "stream": False, "max_tokens": 1}
+    limit = "max_output_tokens" if route == "responses" else "max_tokens"
+    whole = {**body, "stream": False, limit: 1}
     answer = httpx.post(f"{sim.base_url}/{route}", json=whole, timeout=BOUND).json()
     usage = answer["usage"]
     return int(usage.get("prompt_tokens", usage.get("input_tokens", -1)))

@@ -266,23 +266,15 @@ def create_app(proxy: Proxy) -> ASGIApp:
         router = proxy.router
         if path == "models" and not _one_for_all(proxy):
             return await models(request)
-        if path.startswith("models/"):
-            backend = router.route(request.path_params["path"].removeprefix("models/"))
-        elif len(router.backends) == 1:
-            backend = router.backends[0]
-        else:
+        if path.startswith("models/") and not _one_for_all(proxy):
+            return await model(request, request.path_params["path"].removeprefix("models/"))
+        if len(router.backends) != 1:
             message = (
                 f"GET {request.url.path} is not served with several upstreams "
                 "(GET /v1/models and /v1/models/ID are)"
             )
             return JSONResponse(_error(message, "invalid_request_error"), status_code=404)
-        if backend is None:
-            model = request.path_params["path"].removeprefix("models/")
-            message = str(UnknownModel(model, router.known()))
-            return JSONResponse(
-                _error(message, "invalid_request_error", "model_not_found"), status_code=404
-            )
-        return await forward(request, backend.upstream, path)
+        return await forward(request, router.backends[0].upstream, path)
 
     async def forward(request: Request, upstream: Upstream, path: str) -> Response:
         request_id = secrets.token_hex(12)
@@ -313,6 +305,20 @@ def create_app(proxy: Proxy) -> ASGIApp:
         )
 
     async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": await union(request)})
+
+    async def model(request: Request, name: str) -> Response:
+        """One model of the union; a ``404`` listing the known ones if no upstream serves it."""
+        if proxy.router.route(name) is None:
+            message = str(UnknownModel(name, proxy.router.known()))
+            return JSONResponse(
+                _error(message, "invalid_request_error", "model_not_found"), status_code=404
+            )
+        found = [entry for entry in await union(request) if entry.get("id") == name]
+        # Routed by a prefix and not listed by its upstream: served, and nothing more is known.
+        return JSONResponse(found[0] if found else _configured(name))
+
+    async def union(request: Request) -> list[dict[str, Any]]:
         """The union of the upstreams' models, each listed by the upstream that serves it."""
         scope = InterruptScope(f"proxy-models-{secrets.token_hex(6)}")
         limit = proxy.config.response_limits.body_bytes
@@ -332,20 +338,19 @@ def create_app(proxy: Proxy) -> ASGIApp:
 
         async with cut_on_disconnect(request, scope):
             found = await asyncio.gather(*(listing(b) for b in router.backends))
-        data: list[Any] = []
+        data: list[dict[str, Any]] = []
         seen: set[str] = set()
         for backend, listed in zip(router.backends, found, strict=True):
             for entry in listed:
-                model = entry.get("id") if isinstance(entry, dict) else None
-                if isinstance(model, str) and model not in seen and router.route(model) is backend:
-                    seen.add(model)
+                name = entry.get("id") if isinstance(entry, dict) else None
+                if isinstance(name, str) and name not in seen and router.route(name) is backend:
+                    seen.add(name)
                     data.append(entry)
             for name in backend.spec.models:
                 if not name.endswith("*") and name not in seen:
                     seen.add(name)
-                    # Configured here, not listed by the upstream: when it was made is unknown.
-                    data.append({"id": name, "object": "model", "created": None, "owned_by": None})
-        return JSONResponse({"object": "list", "data": data})
+                    data.append(_configured(name))
+        return data
 
     async def health(request: Request) -> Response:
         return JSONResponse(await proxy.health())
@@ -412,6 +417,11 @@ def confined(path: str) -> str | None:
 
 def _error(message: str, type_: str, code: str | None = None) -> dict[str, object]:
     return {"error": {"message": message, "type": type_, "param": None, "code": code}}
+
+
+def _configured(name: str) -> dict[str, Any]:
+    """A model served here that its upstream does not list: when it was made is unknown."""
+    return {"id": name, "object": "model", "created": None, "owned_by": None}
 
 
 def _one_for_all(proxy: Proxy) -> bool:

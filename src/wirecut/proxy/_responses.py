@@ -51,11 +51,12 @@ def saw(name: str, chunk: dict[str, Any], tally: Tally) -> None:
     if not isinstance(response, dict):
         return
     tally.saw_model(response.get("model"))
+    if name not in END_WHOLE and name not in END_FAILED:
+        return  # The usage is final only in the last event.
     usage = response.get("usage")
     if isinstance(usage, dict):
         tally.report(usage.get("input_tokens"), usage.get("output_tokens"))
-    if name in END_WHOLE:
-        tally.ended = True
+    tally.ended = name in END_WHOLE
 
 
 def event_texts(name: str | None, chunk: dict[str, Any]) -> list[str]:
