@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 import wirecut
+from wirecut.proof._bench import bound
 
 SYSTEMS = ["wirecut", "naive", "anyio-abandon", "openai-close"]
 SCENARIOS = ["stream", "non-stream", "curator"]
@@ -168,3 +170,32 @@ def test_bench_refuses_a_bad_concurrency() -> None:
     )
     assert run.returncode == 2
     assert "Traceback" not in run.stderr
+
+
+def test_a_bench_that_runs_out_of_descriptors_ends_with_one_line(tmp_path: Path) -> None:
+    # 24 open files: the console child (which inherits the limit) fails its
+    # first WebSocket handshake, or a child cannot even be started.
+    def few_files() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (24, 24))
+
+    run = subprocess.run(
+        [
+            *(sys.executable, "-m", "wirecut", "bench", "--quick", "--concurrency", "1"),
+            *("--window", "0.1", "--out", str(tmp_path)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        preexec_fn=few_files,
+    )
+    assert run.returncode == 1, run.stderr
+    assert "Traceback" not in run.stderr
+    errors = [line for line in run.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, run.stderr
+
+
+def test_bench_bounds_grow_with_the_batch_and_with_a_busy_machine() -> None:
+    assert bound(30.0, 1, load=0.5) == bound(30.0, 1, load=1.0)
+    assert bound(30.0, 64, load=1.0) > bound(30.0, 1, load=1.0)
+    assert bound(30.0, 64, load=3.0) == 3 * bound(30.0, 64, load=1.0)

@@ -13,10 +13,13 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import pytest
 
+from _loopback import LoopbackServer
 from _support import assert_one_line_failure, assert_usage_error, run_wirecut
 from wirecut._paths import DATA_DIR_ENV
+from wirecut.cli import _SUBCOMMANDS, _LazyGroup
 
 
 def wirecut(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -91,3 +94,84 @@ def test_provider_on_an_address_not_of_this_machine_says_why_in_one_line() -> No
     # TEST-NET-1 (RFC 5737): an address literal, so no lookup leaves the machine.
     result = wirecut("provider", "--host", "192.0.2.1", "--port", "0")
     assert_one_line_failure(result, "192.0.2.1", "address")
+
+
+# -- doctor and repro: the provider's API key ------------------------------------------
+
+
+@pytest.fixture
+def not_an_api() -> Iterator[LoopbackServer]:
+    """A web server that is no OpenAI API: doctor and repro stop at once, one line."""
+    with LoopbackServer(lambda ex: ex.respond(404, b"<html/>", content_type="text/html")) as s:
+        yield s
+
+
+def _keys(server: LoopbackServer) -> set[str | None]:
+    return {request.headers.get("authorization") for request in server.requests}
+
+
+@pytest.mark.parametrize("program", ["doctor", "repro"])
+def test_doctor_and_repro_take_the_api_key_from_a_file_without_a_warning(
+    program: str, not_an_api: LoopbackServer, tmp_path: Path
+) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-from-a-file\n")
+    url = not_an_api.url + "/v1"
+    result = wirecut(program, "--provider-url", url, "--api-key-file", str(key_file))
+    assert result.returncode == 1, result.stderr
+    assert "warning" not in result.stderr
+    assert "Bearer sk-from-a-file" in _keys(not_an_api)
+    assert "sk-from-a-file" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("program", ["doctor", "repro"])
+def test_doctor_and_repro_take_the_api_key_from_the_environment(
+    program: str, not_an_api: LoopbackServer
+) -> None:
+    url = not_an_api.url + "/v1"
+    result = wirecut(program, "--provider-url", url, env={"OPENAI_API_KEY": "sk-from-env"})
+    assert "warning" not in result.stderr
+    assert "Bearer sk-from-env" in _keys(not_an_api)
+
+
+@pytest.mark.parametrize("program", ["doctor", "repro"])
+def test_an_api_key_flag_of_doctor_or_repro_works_and_warns_in_one_line(
+    program: str, not_an_api: LoopbackServer
+) -> None:
+    url = not_an_api.url + "/v1"
+    result = wirecut(program, "--provider-url", url, "--api-key", "sk-flag")
+    warnings = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert warnings == [
+        f"wirecut {program}: warning: --api-key on the command line is readable by every "
+        "local user (/proc/PID/cmdline); use --api-key-file FILE or $OPENAI_API_KEY"
+    ]
+    assert "Bearer sk-flag" in _keys(not_an_api)
+
+
+@pytest.mark.parametrize("program", ["doctor", "repro"])
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [(None, ["--api-key-file", "cannot read"]), ("\n", ["--api-key-file", "is empty"])],
+)
+def test_a_bad_api_key_file_of_doctor_or_repro_is_a_usage_error(
+    program: str, content: str | None, words: list[str], tmp_path: Path
+) -> None:
+    key_file = tmp_path / "key"
+    if content is not None:
+        key_file.write_text(content)
+    url = "http://127.0.0.1:9/v1"
+    assert_usage_error(
+        wirecut(program, "--provider-url", url, "--api-key-file", str(key_file)), *words
+    )
+
+
+@pytest.mark.parametrize("name", sorted(_SUBCOMMANDS))
+def test_every_option_a_help_lists_says_what_it_does(name: str) -> None:
+    command = _LazyGroup._load(name)
+    assert command is not None
+    undescribed = [
+        param.opts[0]
+        for param in command.params
+        if isinstance(param, click.Option) and not param.hidden and not (param.help or "").strip()
+    ]
+    assert undescribed == []

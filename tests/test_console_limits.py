@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import resource
 import select
 import socket
@@ -28,6 +29,7 @@ from websockets.sync.client import connect
 from _console import Console, ConsoleClient, metrics, running_console, start_serve, wait_health
 from _rawws import RawClient
 from _support import PROCESS_BOUND, eventually
+from wirecut.console.commands import Args, Argument, CommandContext, builtin_commands, command
 from wirecut.console.server import ConnectionLimits
 from wirecut.serving import ConnectionGuard, Dropped, GuardedConfig
 from wirecut.simulator import SimConfig, SimulatorServer
@@ -59,7 +61,10 @@ def test_a_client_that_stops_reading_is_closed_4429_and_its_commands_cancelled(
     tmp_path: Path,
 ) -> None:
     limits = ConnectionLimits(max_outbox=256 * 1024, close_timeout=60)
-    sim = SimConfig(slots=2, tokens_per_second=50, prompt_ms=5, endless=True)
+    # 10 tokens a second: the chat's 256 take 25 s, past any flood here, so it
+    # is still running when the server gives up on the client (it is cut,
+    # not finished: the simulator sees its close).
+    sim = SimConfig(slots=2, tokens_per_second=10, prompt_ms=5, endless=True)
     with running_console(tmp_path, sim=sim, limits=limits) as console:
         since = console.sim.simulator.event_log.next_seq
         with RawClient(console.server.ws_url) as ws:
@@ -331,6 +336,31 @@ def test_health_answers_the_token_holder_with_1000_idle_connections_open(
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+@pytest.mark.timeout(120)
+def test_the_descriptor_reserve_keeps_health_answering_the_token_holder_at_a_low_limit(
+    tmp_path: Path,
+) -> None:
+    # 256 descriptors (soft and hard: serve cannot raise it) and more idle
+    # connections than that: without the reserve the cap would be 256, accept
+    # would fail for want of descriptors, and the token holder would wait.
+    idle: list[socket.socket] = []
+    try:
+        with serving(tmp_path, (256, 256), "--head-timeout", "120") as info:
+            url, token = info["url"], info["token"]
+            port = int(url.rsplit(":", 1)[1].rstrip("/"))
+            idle = _idle(port, 300)
+            health = httpx.get(url + "api/health", params={"token": token}, timeout=30)
+            assert health.status_code == 200
+            assert health.json()["status"] == "ok"
+            text = httpx.get(url + "metrics", params={"token": token}, timeout=30).text
+            open_now = re.search(r"^wirecut_connections_open (\S+)$", text, re.MULTILINE)
+            assert open_now is not None
+            assert float(open_now.group(1)) <= 256 - ConnectionLimits().fd_reserve
+    finally:
+        for sock in idle:
+            sock.close()
+
+
 def test_a_console_client_survives_idle_connections_being_evicted(tmp_path: Path) -> None:
     limits = ConnectionLimits(max_connections=4)
     with running_console(tmp_path, limits=limits) as console:
@@ -347,3 +377,103 @@ def test_a_console_client_survives_idle_connections_being_evicted(tmp_path: Path
             finally:
                 for sock in idle:
                     sock.close()
+
+
+# -- limits leave normal clients alone ---------------------------------------------------
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+def test_a_console_started_as_localhost_is_reached_by_127_0_0_1_and_by_ipv6_loopback(
+    tmp_path: Path,
+) -> None:
+    if not _has_ipv6_loopback():
+        pytest.skip("this machine has no IPv6 loopback")
+    with running_console(tmp_path, host="localhost") as console:
+        port, token = console.server.port, console.server.token
+        for host in ("127.0.0.1", "[::1]", "localhost"):
+            health = httpx.get(f"http://{host}:{port}/api/health", params={"token": token})
+            assert health.status_code == 200, host
+            url = f"ws://{host}:{port}/api/console?token={token}"
+            with ConsoleClient(url) as c:
+                assert c.complete(c.run("sleep 0"))["status"] == "ok"
+
+
+def test_a_console_connection_stays_open_past_the_head_and_handshake_timeouts(
+    tmp_path: Path,
+) -> None:
+    # The bounds are on reaching the app, not on a connection's life: a
+    # command that takes longer than both runs on one connection, and so
+    # does the next.
+    limits = ConnectionLimits(head_timeout=0.2, handshake_timeout=0.2)
+    with running_console(tmp_path, limits=limits) as console, console.client() as c:
+        assert c.complete(c.run("sleep 0.6"))["status"] == "ok"
+        assert c.complete(c.run("sleep 0"))["status"] == "ok"
+        guard = console.server.state.guard
+        assert guard is not None
+        assert not any(guard.dropped.values())
+
+
+_BURST = "x" * 1023 + "\n"
+
+
+@command("test-burst", Argument("KIB", convert=int), summary="(tests) writes KIB KiB at once")
+def _burst(ctx: CommandContext, args: Args) -> None:
+    for _ in range(args["kib"]):
+        ctx.write(_BURST)
+
+
+def test_a_client_that_reads_gets_more_than_the_outbox_bound_and_stays(tmp_path: Path) -> None:
+    # A reader that keeps up is never a slow reader, however much it gets:
+    # here 16 times the outbox bound, in one command and then in another.
+    limits = ConnectionLimits(max_outbox=64 * 1024)
+    commands = builtin_commands().plus(_burst)
+    with running_console(tmp_path, limits=limits, commands=commands) as console:
+        with console.client() as c:
+            for _ in range(2):
+                id = c.run("test-burst 1024")
+                assert c.complete(id, timeout=60)["status"] == "ok"
+                assert c.output(id) == _BURST * 1024
+        assert dropped(console, "slow_reader") == 0
+
+
+def test_two_requests_on_one_keep_alive_connection_are_both_answered(tmp_path: Path) -> None:
+    with running_console(tmp_path) as console:
+        port, token = console.server.port, console.server.token
+        request = (
+            f"GET /api/health?token={token} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"
+        ).encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            answers = []
+            for _ in range(2):
+                sock.sendall(request)
+                answers.append(_read_response(sock))
+        assert [status for status, _ in answers] == [200, 200]
+        assert all(json.loads(body)["status"] == "ok" for _, body in answers)
+
+
+def _read_response(sock: socket.socket) -> tuple[int, bytes]:
+    """One HTTP/1.1 response with a Content-Length, read off ``sock``."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    length = next(
+        int(line.split(":", 1)[1]) for line in lines if line.lower().startswith("content-length:")
+    )
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection"
+        body += chunk
+    assert len(body) == length  # nothing more: the next response starts clean
+    return int(lines[0].split()[1]), body

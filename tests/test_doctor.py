@@ -304,6 +304,20 @@ def test_prefill_advice_comes_only_when_the_slot_was_certainly_held_past_2_s(
     assert any("nothing to change" in line for line in advice) is (not advised)
 
 
+def test_queued_advice_names_what_keeps_requests_out_of_the_engines_queue() -> None:
+    # No flag of llama.cpp stops it starting a queued request whose client
+    # left: the advice must name what a user can do (wirecut's own line).
+    from wirecut.proof._doctor import Check, CheckMode, advise
+    from wirecut.proof._watchers import LlamaWatcher
+
+    with httpx.Client() as http:
+        watcher = LlamaWatcher("http://x", http, use_slots=True, use_metrics=True, slots=2)
+    checks = [Check(CheckMode.QUEUED, False, None, "/slots")]
+    (queued,) = [line for line in advise(watcher, checks) if "#13262" in line]
+    assert "wirecut serve" in queued
+    assert "wirecut proxy" in queued
+
+
 def test_doctor_prints_a_report_for_people_without_json() -> None:
     config = SimConfig(slots=1, endless=True, tokens_per_second=50, **SMALL_BATCHES)
     with SimulatorServer(config) as sim:

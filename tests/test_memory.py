@@ -304,6 +304,40 @@ def test_the_wait_for_another_writers_lock_still_ends_at_the_store_timeout(
     assert store.dump() == before
 
 
+def _read_only(store: NoteStore) -> None:
+    """SQLite finds the store read-only ("attempt to write a readonly database"): its
+    shared-memory file cannot be written (a folder stands in its place)."""
+    (store.path.parent / f"{store.path.name}-shm").mkdir()
+
+
+def _io_error(store: NoteStore) -> None:
+    """SQLite cannot open the store's write-ahead log ("unable to open database file")."""
+    (store.path.parent / f"{store.path.name}-wal").mkdir()
+
+
+@pytest.mark.parametrize("spoil", [_read_only, _io_error], ids=["read-only", "io"])
+def test_only_a_busy_store_is_retried_a_read_only_or_broken_one_fails_at_once(
+    store: NoteStore, spoil: Callable[[NoteStore], None]
+) -> None:
+    # With an hour to wait for a lock, a write that retried this error would
+    # hold the test until its timeout: the error must end the write at once.
+    # Both errors come from the write's BEGIN IMMEDIATE, where a busy store is
+    # waited for.
+    store.add("Kept", "before")
+    store.timeout = 3600.0
+    spoil(store)
+    with pytest.raises(StoreError) as caught:
+        InterruptScope("command").run(store.add, "Never", "written")
+    message = str(caught.value)
+    assert str(store.path) in message
+    assert "\n" not in message
+    # SQLite's own word for it, not "database is locked" after an hour of tries.
+    assert message.rpartition(": ")[2] in (
+        "attempt to write a readonly database",
+        "unable to open database file",
+    )
+
+
 def test_threads_add_at_once_and_every_note_is_kept(store: NoteStore) -> None:
     per_thread, threads = 25, 4
     start = threading.Barrier(threads)

@@ -221,3 +221,31 @@ def test_a_forked_child_that_outlives_us_does_not_keep_the_reaper_waiting(
     leftovers.update({sleep_pid, forked})
     assert wait_gone({sleep_pid}) == set()
     assert alive({forked}) == {forked}  # It still runs, and still holds the pipe's copy.
+
+
+STUBBORN_SCRIPT = """
+import os, signal, subprocess
+from wirecut.scope import InterruptScope
+
+scope = InterruptScope("stubborn")
+# SIGTERM is ignored, and exec keeps it ignored: only SIGKILL ends it.
+child = scope.popen(
+    ["sh", "-c", "trap '' TERM; echo ready; exec sleep 3600"], stdout=subprocess.PIPE
+)
+assert child.stdout.readline() == b"ready\\n"
+print(child.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_reaper_kills_a_group_that_ignores_sigterm_with_sigkill(
+    leftovers: set[int],
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", STUBBORN_SCRIPT], capture_output=True, text=True, timeout=BOUND
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    stubborn = int(proc.stdout)
+    leftovers.add(stubborn)
+    assert "sleep" in cmdline(stubborn) or not alive({stubborn})
+    assert wait_gone({stubborn}) == set()

@@ -196,11 +196,13 @@ def test_the_cuts_of_a_burst_share_the_first_reading_of_slots_after_it() -> None
         watch = SlotWatch(root, registry=registry, min_interval=0.5)
         completed = []
         try:
-            # 16 completes spread over 0.16 s, as a burst's are over the GIL.
+            # 16 completes, each in a loop turn of its own, as a burst's are.
+            # (Spread over 0.16 s by sleeps, a loaded machine stretched them
+            # past SETTLE: a reading then rightly came before the last one.)
             for _ in range(16):
                 completed.append(time.monotonic())
                 watch.completed(cut, 0.0)
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0)
             # Until every cut was seen released: the watcher has no event to
             # wait on, its readings are its own clock's.
             deadline = time.monotonic() + 10

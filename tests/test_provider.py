@@ -38,6 +38,7 @@ from wirecut.provider import (
     iter_sse,
 )
 from wirecut.scope import Interrupted, InterruptScope, bind_scope
+from wirecut.simulator import SimConfig, SimulatorServer
 
 # A timeout no test may reach: only a cut can end the wait within BOUND.
 LONG = 60.0
@@ -595,3 +596,19 @@ def test_iter_sse_round_trips_any_events(events: list[tuple[list[str], bool, boo
         lines.append("")
     parsed = list(iter_sse(lines))
     assert [event.data for event in parsed] == ["\n".join(d) for d, _, _ in events]
+
+
+def test_a_404_from_a_base_url_without_v1_says_to_try_v1() -> None:
+    # The simulator serves /v1/chat/completions: /chat/completions at its root is a 404,
+    # as llama.cpp, vLLM and Ollama answer a URL given without its /v1.
+    with SimulatorServer(SimConfig()) as sim:
+        root = sim.base_url.removesuffix("/v1")
+        with ChatClient(root, max_retries=0) as client, pytest.raises(ProviderStatusError) as bad:
+            client.chat(MESSAGES, max_tokens=2)
+        with ChatClient(sim.base_url + "/nope", max_retries=0) as client:
+            with pytest.raises(ProviderStatusError) as versioned:
+                client.chat(MESSAGES, max_tokens=2)
+    assert bad.value.status_code == 404
+    assert str(bad.value).endswith(f"usually ends in /v1: try {root}/v1)")
+    assert versioned.value.status_code == 404
+    assert "usually ends in /v1" not in str(versioned.value)  # it has its /v1

@@ -51,6 +51,13 @@ def chunk(content: str) -> dict[str, Any]:
     }
 
 
+def stop_chunk() -> dict[str, Any]:
+    return {
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+    }
+
+
 def chunked(data: bytes) -> bytes:
     """``data`` as one chunk of a chunked body."""
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"
@@ -232,6 +239,26 @@ def test_deeply_nested_json_in_an_event_is_a_response_error_not_a_recursion_erro
     assert "JSON nested more than 64 levels deep" in str(error)
     assert not isinstance(error.__cause__, RecursionError)
     assert error.usage == Usage(None, 1, None, requests=1, estimated=True)
+
+
+@pytest.mark.parametrize(("extra", "read"), [(63, True), (64, False)])
+def test_an_event_nested_exactly_to_the_json_bound_is_read_and_one_level_more_is_not(
+    extra: int, read: bool
+) -> None:
+    # The event is an object (one level) with a field nested ``extra`` levels
+    # more: 63 makes it exactly MAX_DEPTH deep, 64 one past it.
+    assert _json.MAX_DEPTH == 64
+    event = json.dumps(chunk("deep"))[:-1] + ', "x": ' + "[" * extra + "]" * extra + "}"
+
+    def deep(ex: Exchange) -> None:
+        ex.sse([chunk("a"), "data: " + event + "\n\n", stop_chunk()])
+
+    with LoopbackServer(deep) as server, ChatClient(server.url) as client:
+        if read:
+            assert client.chat(MESSAGES).text == "adeep"
+        else:
+            error = fails_with_one_line(client)
+            assert "JSON nested more than 64 levels deep" in str(error)
 
 
 def test_deeply_nested_json_in_a_body_is_a_response_error() -> None:

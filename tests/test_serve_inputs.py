@@ -151,6 +151,26 @@ def test_the_banner_says_where_the_provider_url_came_from_and_what_answered(
     )
 
 
+def test_the_banner_says_how_many_requests_the_provider_is_handed_at_once(
+    tmp_path: Path, sim: SimulatorServer
+) -> None:
+    lines = serve_banner(tmp_path, "--provider-url", sim.base_url)  # a simulator of 1 slot
+    assert (
+        "wirecut serve: provider requests: at most 1 in flight, the others wait in line "
+        "(slots from /slots)"
+    ) in lines
+
+
+def test_a_provider_url_without_v1_is_told_to_try_v1_at_start(
+    tmp_path: Path, sim: SimulatorServer
+) -> None:
+    root = sim.base_url.removesuffix("/v1")
+    lines = serve_banner(tmp_path, "--provider-url", root)
+    (check,) = [line for line in lines if line.startswith("wirecut serve: provider check: ")]
+    assert "GET /models gave HTTP 404" in check
+    assert check.endswith(f"usually ends in /v1: try {root}/v1)")
+
+
 def test_the_flag_wins_over_the_variables(tmp_path: Path, sim: SimulatorServer) -> None:
     lines = serve_banner(
         tmp_path,

@@ -18,9 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from _loopback import Exchange, LoopbackServer
 from _pids import exited
 from _support import BOUND
 from wirecut.proof import SimProcess
+from wirecut.proof._sim_process import get_idempotent, poll_client
 from wirecut.simulator import EventKind, SimConfig, SimEvent
 
 
@@ -99,6 +101,7 @@ def test_a_model_the_command_line_cannot_set_is_refused() -> None:
 _PARENT = """
 import sys
 from wirecut.proof import SimProcess
+from wirecut.proof._sim_process import get_idempotent, poll_client
 from wirecut.simulator import SimConfig
 sim = SimProcess(SimConfig()).start()
 print(sim.pid, flush=True)
@@ -145,3 +148,22 @@ def test_the_slots_the_child_reports_follow_a_request_from_busy_to_free() -> Non
             assert slot["request_id"] == first.request_id
         sim.wait_for(lambda ev: ev.kind == EventKind.SLOT_FREED, timeout=BOUND, since=since)
         assert [slot["is_processing"] for slot in sim.slots()] == [False]
+
+
+def test_a_reading_whose_kept_alive_connection_the_server_closed_under_it_is_sent_again() -> None:
+    # The keep-alive race, made certain: the server reads the second request
+    # on a connection it kept open, then closes it without an answer (as a
+    # server whose idle timer fired just as the request came).
+    def handler(exchange: Exchange) -> None:
+        request = exchange.request
+        if request.connection == 0 and len(exchange.server.requests) == 2:
+            exchange.close()
+            return
+        exchange.json([{"seq": len(exchange.server.requests)}])
+
+    with LoopbackServer(handler) as server, poll_client() as http:
+        first = get_idempotent(http, f"{server.url}/sim/events", {"since": 0})
+        again = get_idempotent(http, f"{server.url}/sim/events", {"since": 1})
+        assert first.json() == [{"seq": 1}]
+        assert again.json() == [{"seq": 3}]
+        assert [r.connection for r in server.requests] == [0, 0, 1]

@@ -27,7 +27,7 @@ import pytest
 
 from _acker import SlowAcker
 from _console import ConsoleClient, running_console
-from _support import BOUND
+from _support import BOUND, until
 from wirecut.console.commands import Args, CommandContext, CommandSet, builtin_commands, command
 from wirecut.memory import NoteStore
 from wirecut.record import COMMIT_OPEN_ERROR
@@ -269,3 +269,52 @@ def test_a_commit_still_running_at_the_unwind_bound_is_never_reported_cancelled(
     assert complete["error"] == COMMIT_OPEN_ERROR
     assert complete["lifecycle"]["commit_open"] is True
     assert complete["lifecycle"]["worker_exited"] is False
+
+
+class _AfterCommit:
+    """Holds ``memory add``'s worker at its first output, which comes after its store write.
+
+    ``OutputBuffer.write`` is wrapped (the test's ``monkeypatch``): the
+    worker that writes "added note #..." (its COMMIT done, the command not
+    yet returned) waits there until ``release`` is set, and the test sends
+    its cancel into exactly that moment.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from wirecut.console.runner import OutputBuffer
+
+        self.held = threading.Event()
+        self.release = threading.Event()
+        write = OutputBuffer.write
+
+        def held_write(buffer: OutputBuffer, stream: Any, data: str) -> None:
+            if data.startswith("added note #") and not self.held.is_set():
+                self.held.set()
+                self.release.wait(BOUND)
+            write(buffer, stream, data)
+
+        monkeypatch.setattr(OutputBuffer, "write", held_write)
+
+
+def test_a_built_in_write_cancelled_after_its_commit_is_ok_with_a_late_cancel_and_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    after = _AfterCommit(monkeypatch)
+    try:
+        with running_console(tmp_path) as console, console.client() as client:
+            store = NoteStore.in_data_dir(console.data_dir)
+            id = client.run("memory add 'Kept' -- 'written before the cancel'")
+            assert after.held.wait(BOUND)  # the note is committed; the command still runs
+            assert [note.title for note in store.notes()] == ["Kept"]
+            client.cancel(id)
+            # The cancel reached the command: its scope's timeline has it.
+            runner = console.server.state.runner
+            command = next(c for c in runner.live() if c.id == id)
+            until(lambda: command.scope.cancelled)
+            after.release.set()
+            complete = client.complete(id)
+    finally:
+        after.release.set()
+    assert (complete["status"], complete["reason"], complete["late_cancel"]) == ("ok", None, "user")
+    assert complete["lifecycle"]["commits"] == ["commit"]
+    assert [note.title for note in store.notes()] == ["Kept"]

@@ -30,7 +30,7 @@ from _mcp import example, serve_http, threads_in
 from _page import CHROMIUM, CHROMIUM_ARGS, run
 from _support import until
 from wirecut.agent import McpServers, McpServerSpec
-from wirecut.console.commands import builtin_commands
+from wirecut.console.commands import Args, CommandContext, builtin_commands, command
 from wirecut.console.server import ConsoleConfig, ConsoleServer
 from wirecut.launch import Provider
 from wirecut.memory import NoteState, NoteStore
@@ -190,6 +190,25 @@ def test_token_moves_from_the_address_bar_to_session_storage(page: Page, console
     expect(page.locator(".hitem[data-key=busy] b")).to_have_text(re.compile(r"^\d+/4$"))
 
 
+@pytest.mark.parametrize(
+    ("query", "said", "notice"),
+    [
+        ("", "no token", "This page has no token"),
+        ("?token=wrong", "token refused", "The server refused the token"),
+    ],
+)
+def test_a_page_without_a_token_says_it_is_missing_not_refused(
+    page: Page, console: Console, query: str, said: str, notice: str
+) -> None:
+    page.goto(console.server.url + query)
+    conn = page.locator("#conn")
+    expect(conn).to_have_attribute("data-state", "stopped")
+    expect(page.locator("#conn-text")).to_have_text(said)
+    expect(page.locator(".notice-error")).to_contain_text(notice)
+    expect(page.locator(".notice-error")).to_contain_text("?token=")
+    expect(page.locator("#health-items")).to_have_text(said)
+
+
 def test_chat_tokens_show_while_the_reply_is_still_running(page: Page, console: Console) -> None:
     open_console(page, console)
     block = run(page, "chat hello")
@@ -209,7 +228,10 @@ def test_cancel_button_shows_the_facts_and_the_unwind_chart(page: Page, console:
     expect_state(block, "cancelled")
     facts = block.locator(".facts")
     expect(facts).to_have_text(
-        re.compile(r"^cancelled in [\d.]+ m?s · worker exited · 0 requests open · \d+ tokens$")
+        re.compile(
+            r"^cancelled · worker exited [\d.]+ m?s after the cancel · 0 requests open"
+            r" · \d+ tokens$"
+        )
     )
     tokens = int(re.findall(r"(\d+) tokens", facts.inner_text())[0])
     assert tokens >= 5
@@ -553,7 +575,7 @@ def test_escape_right_after_enter_cancels_the_command(
     # Cut at once, or before a worker even took it: either way nothing is left open.
     expect(block.locator(".facts")).to_have_text(
         re.compile(
-            r"^cancelled (in [\d.]+ m?s · worker exited|while queued · never started)"
+            r"^cancelled (· worker exited [\d.]+ m?s after the cancel|while queued · never started)"
             r" · 0 requests open · 0 tokens$"
         )
     )
@@ -754,6 +776,53 @@ def test_a_long_confirmation_is_preformatted_and_scrolls_inside_the_dialog(
         page.keyboard.press("Enter")
         expect_state(block, "ok")
         assert sum(1 for note in store.notes() if note.state is NoteState.ARCHIVED) == 20
+
+
+#: A plan's table as the curator writes it with summaries: new note, summary, archives.
+_WIDE_PLAN = (
+    "curator run will:\n  create 2 umbrella notes holding a summary and the text:\n"
+    + "\n".join(
+        f"    {title:<40}  {summary:<44}  {archived}"
+        for title, summary, archived in [
+            ("new note", "summary", "archives"),
+            (
+                "Sourdough starter: feeding and rising",
+                "Feed it twice a day at 1:1:1 by weight…",
+                "#1 Sourdough starter feeding schedule",
+            ),
+            ("", "", "#2 Sourdough starter rising in the cold"),
+            (
+                "Bike: tyres and chain",
+                "Tyres at 4.5 bar; chain waxed every 300 km…",
+                "#3 Bike tyre pressure for the long ride",
+            ),
+        ]
+    )
+)
+
+
+@command("test-ask-wide", summary="(tests) asks with a plan's wide table")
+def _ask_wide(ctx: CommandContext, args: Args) -> None:
+    ctx.confirm(_WIDE_PLAN)
+
+
+def test_a_wide_plan_is_shown_whole_in_the_confirmation_dialog(page: Page, tmp_path: Path) -> None:
+    # The archives column is what the README tells the reader to check: a
+    # dialog of a fixed 46rem (736 px) cut it off on a 1200 px screen.
+    commands = builtin_commands().plus(_ask_wide)
+    with running_console(tmp_path, sim=SIM, commands=commands) as served:
+        open_console(page, served)
+        block = run(page, "test-ask-wide")
+        dialog = page.locator("#confirm")
+        expect(dialog).to_be_visible()
+        fit = dialog.locator("#confirm-message").evaluate(
+            """e => ({ clipped: e.scrollWidth > e.clientWidth,
+                       right: e.closest("dialog").getBoundingClientRect().right })"""
+        )
+        assert not fit["clipped"]  # every column on screen, no sideways scroll
+        assert fit["right"] <= 1200
+        page.keyboard.press("Escape")
+        expect_state(block, "cancelled")
 
 
 def test_an_escape_that_crosses_its_commands_end_shows_nothing_other_errors_show(

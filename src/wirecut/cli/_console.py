@@ -39,6 +39,22 @@ def console(url: str | None, line: str | None, data_dir: Path) -> None:
     without it, the console a local `wirecut serve` announced in the data
     directory. Ctrl+C cancels the running command; Ctrl+D leaves.
     """
+    if line is not None and not line.strip():
+        raise click.UsageError("-c needs a line to run, e.g. -c 'memory list'")
+    try:
+        sys.exit(_run(url, line, data_dir))
+    except KeyboardInterrupt:
+        # Ctrl+C while the client loads or reads its address (before its own
+        # handler is set): nothing was sent, and the user cancelled. click
+        # would say "Aborted!" and exit 1.
+        sys.exit(EXIT_CANCELLED)
+
+
+#: ``-c``'s exit code for a cancelled command (``wirecut.client.EXIT_CANCELLED``).
+EXIT_CANCELLED = 130
+
+
+def _run(url: str | None, line: str | None, data_dir: Path) -> int:
     from wirecut.client import (
         HISTORY_FILE,
         AddressError,
@@ -47,13 +63,11 @@ def console(url: str | None, line: str | None, data_dir: Path) -> None:
         run_terminal,
     )
 
-    if line is not None and not line.strip():
-        raise click.UsageError("-c needs a line to run, e.g. -c 'memory list'")
     try:
         address = from_serve_json(data_dir) if url is None else from_url(url)
     except AddressError as exc:
         if url is not None:
             raise click.BadParameter(str(exc), param_hint="'URL'") from None
         click.echo(f"wirecut console: {exc}", err=True)
-        sys.exit(1)
-    sys.exit(run_terminal(address, line=line, history_path=data_dir / HISTORY_FILE))
+        return 1
+    return run_terminal(address, line=line, history_path=data_dir / HISTORY_FILE)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
+from pathlib import Path
 
 import click
 
-from wirecut.cli._options import provider_options
+from wirecut.cli._options import api_key, provider_options
 
 __all__ = ["doctor"]
 
@@ -49,7 +49,8 @@ def _modes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str,
 def doctor(
     provider_url: str | None,
     model: str | None,
-    api_key: str | None,
+    api_key_flag: str | None,
+    api_key_file: Path | None,
     as_json: bool,
     min_poll: float | None,
     window: float | None,
@@ -68,7 +69,7 @@ def doctor(
     problem = url_problem(url)
     if problem is not None:
         raise click.BadParameter(problem, param_hint="--provider-url")
-    api_key = api_key or os.environ.get("OPENAI_API_KEY") or None
+    key = api_key("doctor", api_key_flag, api_key_file)
 
     def log(line: str) -> None:
         click.echo(f"doctor: {line}", err=True)
@@ -77,7 +78,7 @@ def doctor(
         report = run_doctor(
             url,
             model=model,
-            api_key=api_key,
+            api_key=key,
             min_poll=min_poll,
             window=RELEASE_WINDOW if window is None else window,
             modes=tuple(CheckMode(mode) for mode in modes),

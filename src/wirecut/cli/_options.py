@@ -21,8 +21,11 @@ from typing import Any, Protocol, TypeVar
 import click
 
 __all__ = [
+    "API_KEY_ENV",
     "Decorator",
     "allowed_hosts_option",
+    "api_key",
+    "api_key_options",
     "check_port",
     "is_loopback",
     "listen_options",
@@ -107,14 +110,41 @@ def provider_url_option(flag: str, what: str) -> Decorator:
     )
 
 
+#: Where the provider's API key comes from when no option gives it.
+API_KEY_ENV = "OPENAI_API_KEY"
+
+
+def api_key_options() -> Decorator:
+    """``--api-key KEY`` (works, and warns) and ``--api-key-file FILE``; read by ``api_key``.
+
+    The command function takes them as ``api_key_flag`` and ``api_key_file``.
+    """
+    return option_group(
+        click.option(
+            "--api-key",
+            "api_key_flag",
+            default=None,
+            help="The provider's API key (visible to local users: prefer --api-key-file or "
+            f"${API_KEY_ENV}).",
+        ),
+        secret_file_option(
+            "--api-key-file", f"Read the provider's API key from FILE. Default: ${API_KEY_ENV}."
+        ),
+    )
+
+
+def api_key(program: str, flag: str | None, path: Path | None) -> str | None:
+    """The provider's API key from ``--api-key`` (with a warning), ``--api-key-file``, or the
+    environment (``secret``); None when none gives one."""
+    return secret(program, "--api-key-file", path, API_KEY_ENV, flag=("--api-key", flag))
+
+
 def provider_options(*, url_help: str, model_help: str) -> Decorator:
-    """``--provider-url URL``, ``--model`` and ``--api-key`` of a proof tool (doctor, repro)."""
+    """``--provider-url URL``, ``--model`` and the API key's options of a proof tool."""
     return option_group(
         click.option("--provider-url", default=None, metavar="URL", help=url_help),
         click.option("--model", default=None, help=model_help),
-        click.option(
-            "--api-key", default=None, help="The provider's API key. Default: $OPENAI_API_KEY."
-        ),
+        api_key_options(),
     )
 
 

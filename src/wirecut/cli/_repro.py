@@ -7,10 +7,11 @@ stderr. Exits 0 only when every fact holds for wirecut.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
-from wirecut.cli._options import provider_options
+from wirecut.cli._options import api_key, provider_options
 
 __all__ = ["repro"]
 
@@ -25,29 +26,33 @@ __all__ = ["repro"]
     url_help="An OpenAI-compatible API base (http://host:port/v1) instead of the simulator.",
     model_help="The model to ask a given provider for.",
 )
-def repro(baseline: bool, provider_url: str | None, model: str | None, api_key: str | None) -> None:
+def repro(
+    baseline: bool,
+    provider_url: str | None,
+    model: str | None,
+    api_key_flag: str | None,
+    api_key_file: Path | None,
+) -> None:
     """Replay the cancel of `curator run --consolidate --yes` and print its facts."""
-    import os
-
     import httpx
 
-    from wirecut.proof import run_repro, url_problem
+    from wirecut.proof import ReproError, run_repro, url_problem
 
     problem = None if provider_url is None else url_problem(provider_url)
     if problem is not None:
         raise click.BadParameter(problem, param_hint="--provider-url")
-    api_key = api_key or os.environ.get("OPENAI_API_KEY") or None
+    key = api_key("repro", api_key_flag, api_key_file)
 
     def log(line: str) -> None:
         click.echo(f"repro: {line}", err=True)
 
     try:
         report = run_repro(
-            provider_url=provider_url, model=model, api_key=api_key, baseline=baseline, log=log
+            provider_url=provider_url, model=model, api_key=key, baseline=baseline, log=log
         )
     except httpx.HTTPError as exc:
         raise click.ClickException(f"cannot reach the provider at {provider_url}: {exc}") from None
-    except TimeoutError as exc:
+    except (TimeoutError, ReproError) as exc:
         raise click.ClickException(str(exc)) from None
     for line in report.lines():
         click.echo(line)

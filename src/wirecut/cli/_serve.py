@@ -28,6 +28,8 @@ from wirecut.cli._data_dir import data_dir_option
 from wirecut.cli._local import local_model_options
 from wirecut.cli._options import (
     allowed_hosts_option,
+    api_key,
+    api_key_options,
     check_port,
     is_loopback,
     listen_options,
@@ -85,14 +87,15 @@ def _mcp_specs(
 )
 @provider_url_option("--provider-url", "OpenAI-compatible API base")
 @click.option("--model", default=None, help="The model to ask the provider for.")
-@click.option(
-    "--api-key",
-    default=None,
-    help="The provider's API key (visible to local users: prefer --api-key-file or "
-    "$OPENAI_API_KEY).",
-)
+@api_key_options()
 @data_dir_option
-@click.option("--workers", default=_RUNNER.workers, show_default=True, type=click.IntRange(1, 1024))
+@click.option(
+    "--workers",
+    default=_RUNNER.workers,
+    show_default=True,
+    type=click.IntRange(1, 1024),
+    help="Commands that run at once, each on a worker thread; the others wait, queued.",
+)
 @seconds_option(
     "--command-timeout",
     _RUNNER.command_timeout,
@@ -103,13 +106,17 @@ def _mcp_specs(
     _RUNNER.unwind_timeout,
     "How long a cancelled command's worker may take to return before it is reported leaked.",
 )
-@click.option("--ray", "ray_address", default=None, help="Run commands on a Ray cluster.")
+@click.option(
+    "--ray",
+    "ray_address",
+    default=None,
+    metavar="ADDRESS",
+    help="Run commands on a Ray cluster: auto (the one ray.init() finds), local (a one-node "
+    "cluster started for this console), or a cluster's address (extra `ray`).",
+)
 @secret_file_option(
     "--token-file",
     "Read the access token from FILE. Default: $WIRECUT_TOKEN, else a random one.",
-)
-@secret_file_option(
-    "--api-key-file", "Read the provider's API key from FILE. Default: $OPENAI_API_KEY."
 )
 @allowed_hosts_option(
     "Also answer requests for this Host name (repeatable); by default only the names "
@@ -164,14 +171,14 @@ def serve(
     no_token: bool,
     provider_url: str | None,
     model: str | None,
-    api_key: str | None,
+    api_key_flag: str | None,
+    api_key_file: Path | None,
     data_dir: Path,
     workers: int,
     command_timeout: float,
     unwind_timeout: float,
     ray_address: str | None,
     token_file: Path | None,
-    api_key_file: Path | None,
     allowed_hosts: tuple[str, ...],
     max_connections: int,
     max_outbox: int,
@@ -182,7 +189,7 @@ def serve(
     local_threads: int | None,
 ) -> None:
     """Run the console: a web page, a WebSocket API and a terminal client's server."""
-    token, api_key = _secrets(no_token, token, token_file, api_key, api_key_file)
+    token, api_key = _secrets(no_token, token, token_file, api_key_flag, api_key_file)
     _check_allowed_hosts(allowed_hosts)
     if no_token and not is_loopback(host):
         raise click.UsageError(
@@ -230,7 +237,7 @@ def serve(
         if mcp_specs:
             mcp = _mcp_servers(mcp_specs, config.runner_limits.mcp_confirm_timeout)
         if ray_address is None:
-            code = serve_forever(config, provider, echo=click.echo, mcp=mcp)
+            code = serve_forever(config, provider, echo=click.echo, mcp=mcp, say=_say)
         else:
             code = _serve_on_ray(ray_address, config, provider)
     finally:
@@ -240,11 +247,15 @@ def serve(
     sys.exit(code)
 
 
+def _say(line: str) -> None:
+    click.echo(f"wirecut serve: {line}", err=True)
+
+
 def _secrets(
     no_token: bool,
     token: str | None,
     token_file: Path | None,
-    api_key: str | None,
+    api_key_flag: str | None,
     api_key_file: Path | None,
 ) -> tuple[str | None, str | None]:
     """The console's token and the provider's API key, from a flag, a file or the environment."""
@@ -253,10 +264,7 @@ def _secrets(
     token = secret(
         "serve", "--token-file", token_file, TOKEN_ENV, flag=("--token", token), skip_env=no_token
     )
-    api_key = secret(
-        "serve", "--api-key-file", api_key_file, API_KEY_ENV, flag=("--api-key", api_key)
-    )
-    return token, api_key
+    return token, api_key("serve", api_key_flag, api_key_file)
 
 
 def _start_provider(
@@ -345,9 +353,8 @@ def _probe_provider(base_url: str, api_key: str | None) -> None:
     click.echo(f"wirecut serve: provider check: {identity.line(base_url)}", err=True)
 
 
-#: Where a secret comes from when no flag gives it.
+#: Where the token comes from when no flag gives it.
 TOKEN_ENV = "WIRECUT_TOKEN"
-API_KEY_ENV = "OPENAI_API_KEY"
 
 
 def _check_allowed_hosts(names: tuple[str, ...]) -> None:
@@ -395,6 +402,6 @@ def _serve_on_ray(address: str, config: ConsoleConfig, provider: Provider) -> in
     where = "a local Ray cluster" if started else f"the Ray cluster at {address}"
     click.echo(f"wirecut serve: commands run on {where}", err=True)
     try:
-        return serve_forever(config, provider, echo=click.echo, runner=make_runner)
+        return serve_forever(config, provider, echo=click.echo, runner=make_runner, say=_say)
     finally:
         disconnect()

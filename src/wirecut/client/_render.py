@@ -8,8 +8,8 @@ long, and that Ctrl+C cancels it; it disappears at the first output.
 
 After a cancel or a timeout, ``describe_complete`` states the facts of the
 ``complete`` (the typed record, ``CompleteFacts``) in one line ("cancelled
-in 41 ms · worker exited · 0 requests open · MCP tools/fetch stopped · 37
-tokens") and
+· worker exited 41 ms after the cancel · 0 requests open · MCP tools/fetch
+stopped · 37 tokens") and
 ``timeline_chart`` draws the unwind steps as bars on one time axis. A worker
 that had not exited is drawn in the warning colour with what is still open:
 that is the one thing never to hide.
@@ -77,12 +77,21 @@ def visible(text: str) -> str:
 
 
 def format_ms(ms: float) -> str:
-    """``0.4 ms``, ``41 ms``, ``12.3 s``: milliseconds as a person reads them."""
+    """``0.89 ms``, ``4.1 ms``, ``41 ms``, ``12.3 s``, ``2m 05s``: as the web page writes them.
+
+    The page's ``fmtMs`` (static/js/dom.js) is the same rule: one number,
+    written one way, on both faces.
+    """
+    if ms < 1:
+        return f"{ms:.2f} ms"
     if ms < 10:
         return f"{ms:.1f} ms"
-    if ms < 10_000:
-        return f"{ms:.0f} ms"
-    return f"{ms / 1000:.1f} s"
+    if ms < 1000:
+        return f"{int(ms + 0.5)} ms"  # JavaScript's Math.round, not half to even
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    minutes, rest = divmod(int(ms // 1000), 60)
+    return f"{minutes}m {rest:02d}s"
 
 
 def _plural(count: int, noun: str, plural: str | None = None) -> str:
@@ -93,12 +102,12 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def describe_complete(facts: CompleteFacts, cancel_ms: float | None = None) -> Text:
+def describe_complete(facts: CompleteFacts) -> Text:
     """The facts of a ``cancelled``, ``timeout`` or ``error`` complete, in one line.
 
-    ``cancel_ms`` is what this client measured from sending its cancel to
-    receiving the ``complete`` (None: it sent none); without it, "in N ms"
-    is the server's, the last step of the unwind timeline.
+    "worker exited 41 ms after the cancel" is the server's measure, the
+    ``worker_exited`` step of the unwind timeline: the web page says the
+    same, so that both faces give one number for one cancel.
     """
     status = facts.status
     lifecycle = facts.lifecycle
@@ -108,11 +117,8 @@ def describe_complete(facts: CompleteFacts, cancel_ms: float | None = None) -> T
         line.append("cancelled while queued", _WARN)
         line.append(" · never started")
     elif status is Status.CANCELLED:
-        took = cancel_ms if cancel_ms is not None else (steps[-1].ms if steps else None)
         by = {Reason.SHUTDOWN: " by the server's shutdown", Reason.TIMEOUT: " by its timeout"}
         line.append(f"cancelled{by.get(facts.reason, '') if facts.reason else ''}", _WARN)
-        if took is not None:
-            line.append(f" in {format_ms(took)}")
     elif status is Status.TIMEOUT:
         line.append("timed out", _WARN)
         line.append(f" after {format_ms(facts.elapsed_ms)}")
@@ -121,9 +127,12 @@ def describe_complete(facts: CompleteFacts, cancel_ms: float | None = None) -> T
         if facts.error:
             line.append(f": {visible(facts.error)}")
     exited = lifecycle.worker_exited
+    exited_ms = next((step.ms for step in steps if step.event == "worker_exited"), None)
     line.append(" · ")
     if exited is True:
         line.append("worker exited", _OK)
+        if exited_ms is not None and lifecycle.started is not False:
+            line.append(f" {format_ms(exited_ms)} after the cancel")
     elif exited is None:
         line.append("worker exit unconfirmed", _WARN)
     else:
@@ -252,7 +261,7 @@ class Renderer:
         else:
             self._write(self.out, data, None)
 
-    def complete(self, facts: CompleteFacts, cancel_ms: float | None) -> None:
+    def complete(self, facts: CompleteFacts) -> None:
         """The command's last word: its status, and for a cancel or timeout the facts."""
         self.finish()
         status = facts.status
@@ -286,7 +295,7 @@ class Renderer:
             self._print(self.err, Text.assemble(("error", _BAD), f": {error}"))
             return
         target = self.out if self.verbose else self.err
-        self._print(target, describe_complete(facts, cancel_ms))
+        self._print(target, describe_complete(facts))
         chart = timeline_chart(facts)
         if chart is not None:
             target.print(chart, end="", soft_wrap=True, highlight=False)

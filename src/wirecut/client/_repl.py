@@ -58,7 +58,14 @@ _KNOWN: dict[str, Any] = {
     "memory": {"add": None, "list": None, "show": None},
     "curator": {
         "status": None,
-        "run": {"--consolidate", "--dry-run", "--yes", "--stale-days", "--archive-days"},
+        "run": {
+            "--consolidate",
+            "--dry-run",
+            "--yes",
+            "--summarize",
+            "--stale-days",
+            "--archive-days",
+        },
     },
     "jobs": None,
     "sleep": None,

@@ -244,15 +244,12 @@ class TerminalSession:
                     self._ask(channel, str(frame.get("message") or "confirm?"))
                     continue
                 if kind == "complete":
-                    cancel_ms = None
-                    if channel.cancel_sent_at is not None:
-                        cancel_ms = (loop.time() - channel.cancel_sent_at) * 1000
                     facts = _complete_facts(frame, channel)
-                    self.renderer.complete(facts, cancel_ms)
+                    self.renderer.complete(facts)
                     return facts
                 if kind == "error" and not channel.accepted:
                     refused = CompleteFacts.failed(str(frame.get("message")), elapsed_ms=0.0)
-                    self.renderer.complete(refused, None)
+                    self.renderer.complete(refused)
                     return refused
                 self._show(channel, frame)
         finally:

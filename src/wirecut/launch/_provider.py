@@ -12,10 +12,13 @@ embedded server may fetch a model (``echo`` gets the progress lines).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from wirecut.provider import SlotGate, provider_slots
 
 __all__ = [
     "PROVIDER_URL_ENV",
@@ -49,13 +52,32 @@ class ProviderUnavailable(Exception):
 
 @dataclass
 class Provider:
-    """The provider the console's commands talk to, and how to stop it if we started it."""
+    """The provider the console's commands talk to, and how to stop it if we started it.
+
+    ``slots`` is how many requests it runs at once when we started it and so
+    know (None: ask it, ``wirecut.provider.provider_slots``).
+    """
 
     base_url: str
     model: str | None
     label: str
     note: str | None = None
     stop: Callable[[], None] = lambda: None
+    slots: int | None = None
+
+    def admission(self, api_key: str | None = None) -> SlotGate:
+        """The line every request to this provider takes its turn in (``SlotGate``).
+
+        As many places as the slots of a provider we started; for one at a
+        URL, as many as it says (llama.cpp's ``/slots`` or ``/props``, asked
+        here and, until it answers, again before later requests); unlimited
+        for a provider that does not say. Blocks for at most a few seconds.
+        """
+        if self.slots is not None:
+            return SlotGate(self.slots, source="the provider wirecut started")
+        gate = SlotGate(learn=functools.partial(provider_slots, self.base_url, api_key=api_key))
+        gate.learn_slots()
+        return gate
 
 
 def resolve_provider(
@@ -99,14 +121,17 @@ def resolve_provider(
             f"{server.threads} thread{'s' if server.threads != 1 else ''})",
             note=chosen.note,
             stop=server.stop,
+            slots=server.n_parallel,
         )
     from wirecut.simulator import SimConfig, SimulatorServer
 
-    sim = SimulatorServer(SimConfig(slots=2, tokens_per_second=30, prompt_ms=200))
+    config = SimConfig(slots=2, tokens_per_second=30, prompt_ms=200)
+    sim = SimulatorServer(config)
     sim.start()
     return Provider(
         sim.base_url,
         model,
         f"built-in simulator at {sim.base_url} (install the extra `local` for a real model)",
         stop=sim.stop,
+        slots=config.slots,
     )

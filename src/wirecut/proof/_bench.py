@@ -75,10 +75,30 @@ __all__ = [
 SYSTEMS = ("wirecut", "naive", "anyio-abandon", "openai-close")
 SCENARIOS = ("stream", "non-stream", "curator")
 CONCURRENCY = (1, 16, 64)
-#: How long all commands of a batch may take to reach their first token.
+#: How long all commands of a batch may take to reach their first token, for
+#: one command on an idle machine (``bound`` scales it with the batch and the load).
 START_BOUND = 30.0
-#: How long wirecut's complete frames may take (the console's unwind bound, and a margin).
+#: How long wirecut's complete frames may take (the console's unwind bound, and
+#: a margin), scaled the same way.
 COMPLETE_BOUND = 15.0
+#: Seconds a bound grows by for each command of the batch.
+PER_COMMAND = 0.25
+
+
+def bound(base: float, commands: int, load: float | None = None) -> float:
+    """``base`` seconds, more for each of ``commands`` at once and for a busy machine.
+
+    ``load`` is the run queue per CPU (default: the 1-minute load average
+    over the CPUs); above 1 the bound grows in proportion: a batch of 64 on
+    a machine that other work keeps busy takes longer to start and to unwind,
+    and that is no failure of what is measured.
+    """
+    if load is None:
+        try:
+            load = os.getloadavg()[0] / (os.cpu_count() or 1)
+        except OSError:  # no load average on this platform
+            load = 1.0
+    return (base + PER_COMMAND * commands) * max(1.0, load)
 
 
 @dataclass(frozen=True)
@@ -279,9 +299,9 @@ def _wirecut_batch(url: str, sim: SimProcess, scenario: str, n: int, window: flo
     with ConsoleClient(url) as client:
         since = sim.next_seq()
         ids = {client.run(_line(scenario, i)) for i in range(n)}
-        wait_decoding(sim, n, since, START_BOUND)
+        wait_decoding(sim, n, since, bound(START_BOUND, n))
         cancelled_at = client.cancel()
-        done = client.completes(ids, COMPLETE_BOUND)
+        done = client.completes(ids, bound(COMPLETE_BOUND, n))
         sides = provider_side(sim, _received_since(sim, since), since, cancelled_at, window)
     leaked = (
         n - len(done) + sum(1 for r in done.values() if r.facts.lifecycle.worker_exited is not True)
@@ -320,10 +340,11 @@ def _baseline_batch(
     try:
         since = sim.next_seq()
         host.start(jobs)
-        wait_decoding(sim, n, since, START_BOUND)
+        wait_decoding(sim, n, since, bound(START_BOUND, n))
         cancelled_at = host.cancel_all()
+        deadline = time.monotonic() + bound(COMPLETE_BOUND, n)
         for job in jobs:
-            job.completed.wait(COMPLETE_BOUND)
+            job.completed.wait(max(0.0, deadline - time.monotonic()))
         sides = provider_side(
             sim, _received_since(sim, since), since, cancelled_at, window=settings.window
         )
@@ -353,10 +374,13 @@ def _throughput(url: str, count: int) -> float:
         started = time.monotonic()
         ids = [{client.run("sleep 0") for _ in range(per)} for client in clients]
         finished = started
+        limit = bound(60.0, 0)
         for client, mine in zip(clients, ids, strict=True):
-            done = client.completes(mine, 60)
+            done = client.completes(mine, limit)
             if len(done) != len(mine):
-                raise TimeoutError(f"only {len(done)} of {len(mine)} `sleep 0` completed in 60 s")
+                raise TimeoutError(
+                    f"only {len(done)} of {len(mine)} `sleep 0` completed in {limit:.0f} s"
+                )
             finished = max([finished, *(r.at for r in done.values())])
         return per * connections / max(finished - started, 1e-9)
     finally:
@@ -376,12 +400,13 @@ def _memory_per_command(console: ConsoleProcess, n: int) -> tuple[float | None, 
         before, _ = console.memory()
         console.trace()
         ids = {client.run("sleep 60") for _ in range(n)}
+        deadline = time.monotonic() + bound(START_BOUND, n)
         for id in ids:
-            client.wait_for(_started, COMPLETE_BOUND, id=id)
+            client.wait_for(_started, max(0.0, deadline - time.monotonic()), id=id)
         after, heap = console.memory()
         assert heap is not None  # traced since trace()
         client.cancel()
-        client.completes(ids, COMPLETE_BOUND)
+        client.completes(ids, bound(COMPLETE_BOUND, n))
     resident = None if before is None or after is None else max(0.0, (after - before) / n / 1024)
     return resident, max(0.0, heap / n / 1024)
 
@@ -412,7 +437,10 @@ def run_bench(
 
     Runs in the calling thread; starts and stops every simulator, console and
     host it uses. Raises TimeoutError when a batch does not start within its
-    bound.
+    bound (``bound``: it grows with the batch and the machine's load),
+    RuntimeError when a simulator or console cannot start, and
+    ``httpx.HTTPError`` or ``wirecut.client.LinkError`` when one stops
+    answering; each with a one-line message.
 
     Cancellation: on an exception or a Ctrl+C, the batch under way stops its
     simulator (ending the streams its leftovers block on) and its host, and

@@ -624,8 +624,11 @@ def advise(watcher: Watcher, checks: list[Check], poll_interval: float = 0.0) ->
     if queued and queued.released is False:
         advice.append(
             "a request cut while queued still took a slot once one freed (llama.cpp #13262): it "
-            "is let go at its first token, but it costs a prompt pass. Keep the queue short: "
-            "give llama-server as many slots (-np) as requests you run at once."
+            "is let go at its first token, but it costs a prompt pass. No setting of the engine "
+            "changes that; keep requests out of its queue: wirecut serve (its console) and "
+            "wirecut proxy hand it no more requests than its slots, and a request cancelled in "
+            "their own line never reaches it. Other clients: give llama-server as many slots "
+            "(-np) as requests they run at once."
         )
     prefill = by_mode.get(CheckMode.PREFILL)
     slow_prefill = False

@@ -40,7 +40,7 @@ from wirecut.proof._sim_watch import provider_side, wait_decoding
 from wirecut.proof._watchers import Poller, Sample, Watcher, identify
 from wirecut.simulator import SimConfig
 
-__all__ = ["COMMAND", "ReproFacts", "ReproReport", "run_repro"]
+__all__ = ["COMMAND", "ReproError", "ReproFacts", "ReproReport", "run_repro"]
 
 COMMAND = "curator run --consolidate --yes"
 FACTS = ("request_exited", "worker_exited", "provider_saw_close", "slot_free")
@@ -56,6 +56,10 @@ START_BOUND = 60.0
 
 #: (event, ms after the cancel) steps of a timeline.
 Steps = list[tuple[str, float]]
+
+
+class ReproError(Exception):
+    """The repro could not cut its command; the message says why, in one line."""
 
 
 def _word(value: bool | None) -> str:
@@ -203,10 +207,18 @@ def _wirecut_run(console_url: str, side: _SimSide | _RealSide) -> ReproFacts:
         id = client.run(COMMAND)
 
         def first_token(bound: float) -> None:
-            client.wait_for(
-                lambda f: f["type"] == "output" and f.get("stream") == "token" and f["id"] == id,
+            frame = client.wait_for(
+                lambda f: (
+                    f["type"] == "complete"
+                    or (f["type"] == "output" and f.get("stream") == "token")
+                ),
                 bound,
-            )
+                id=id,
+            ).frame
+            if frame["type"] == "complete":
+                # It ended before the provider sent a token: there is nothing to cut.
+                why = frame.get("error") or frame.get("status")
+                raise ReproError(f"`{COMMAND}` ended before its first token: {why}")
 
         side.wait_decoding(first_token)
         cancelled_at = client.cancel(id)
@@ -305,8 +317,10 @@ def run_repro(
 
     Runs in the calling thread; starts and stops everything it uses (the
     simulator, the console, a temporary data directory). Raises
-    ``httpx.HTTPError`` when a given provider cannot be reached and
-    ``TimeoutError`` when a step does not happen within its bound.
+    ``httpx.HTTPError`` when a given provider cannot be reached,
+    ``TimeoutError`` when a step does not happen within its bound, and
+    ``ReproError`` when the command ended before it could be cut (a
+    provider that refused it, say).
 
     Cancellation: on the way out, also on an exception or a Ctrl+C, the naive
     host's leftover request is shut down by hand (it cannot do it itself),
@@ -317,7 +331,8 @@ def run_repro(
         data_dir = Path(tmp)
         seed_notes(data_dir)
         sim: SimProcess | None = None
-        http = httpx.Client()
+        auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        http = httpx.Client(headers=auth)
         try:
             if provider_url is None:
                 sim = SimProcess(SimConfig(slots=1, endless=True, prompt_ms=100))

@@ -14,6 +14,12 @@ machine, so they subtract from this process's). Its waits poll, with a
 cursor, every ``POLL`` seconds: another process's log has no condition to
 wait on.
 
+Its keep-alive connection is let go after ``KEEPALIVE_EXPIRY`` idle seconds,
+before the simulator (uvicorn: 5 s) closes it; a GET that still meets a
+connection the server closed just as it was sent (the classic keep-alive
+race: "Server disconnected without sending a response") is sent once more on
+a new connection. Its answer is the same: these reads change nothing.
+
 The child leads a session of its own, watched by the scope's group reaper
 (``_child``): a bench killed with SIGKILL takes the simulator with it.
 """
@@ -30,12 +36,38 @@ from wirecut.proof._child import Child, ChildService
 from wirecut.serving import http_address
 from wirecut.simulator import SimConfig, SimEvent
 
-__all__ = ["POLL", "SimProcess"]
+__all__ = ["POLL", "SimProcess", "get_idempotent", "poll_client"]
 
 #: Seconds between two readings of the event log while waiting.
 POLL = 0.01
 #: Seconds the simulator may take to listen.
 START_TIMEOUT = 30.0
+#: Seconds an idle keep-alive connection is kept: below the simulator's (uvicorn's 5 s).
+KEEPALIVE_EXPIRY = 2.0
+#: What a GET on a connection the server closed under it raises (it is sent again).
+_STALE_CONNECTION = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+def poll_client() -> httpx.Client:
+    """The client of a process's readings: idle connections go before the server closes them."""
+    return httpx.Client(timeout=10.0, limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY))
+
+
+def get_idempotent(
+    http: httpx.Client, url: str, params: dict[str, int] | None = None
+) -> httpx.Response:
+    """``GET url``, sent again once when the connection it went on was closed under it.
+
+    Only for a GET that changes nothing. Raises ``httpx.HTTPError`` for an
+    error status or a second failure.
+    """
+    try:
+        response = http.get(url, params=params)
+    except _STALE_CONNECTION:
+        # The closed connection left the pool: this goes on a new one.
+        response = http.get(url, params=params)
+    response.raise_for_status()
+    return response
 
 
 class SimProcess(ChildService):
@@ -77,7 +109,7 @@ class SimProcess(ChildService):
         self._url = self._child.start(
             self.argv(), lambda line: line.partition(": ")[2].split(" ")[0], timeout
         )
-        self._http = httpx.Client(timeout=10.0)
+        self._http = poll_client()
         return self
 
     @property
@@ -89,20 +121,17 @@ class SimProcess(ChildService):
 
     def events(self, since: int = 0) -> list[SimEvent]:
         """The event log from ``seq`` ``since`` on, oldest first."""
-        root = self.url
-        assert self._http is not None  # made with the URL
-        response = self._http.get(f"{root}/sim/events", params={"since": since})
-        response.raise_for_status()
+        response = self._get("/sim/events", {"since": since})
         return [SimEvent.from_json(item) for item in response.json()]
 
     def slots(self) -> list[dict[str, object]]:
         """Each slot, as the simulator's ``GET /slots`` says (``SimulatorServer.slots()``)."""
-        root = self.url
-        assert self._http is not None  # made with the URL
-        response = self._http.get(f"{root}/slots")
-        response.raise_for_status()
-        slots: list[dict[str, object]] = response.json()
+        slots: list[dict[str, object]] = self._get("/slots").json()
         return slots
+
+    def _get(self, path: str, params: dict[str, int] | None = None) -> httpx.Response:
+        assert self._http is not None  # made with the URL
+        return get_idempotent(self._http, f"{self.url}{path}", params)
 
     def next_seq(self) -> int:
         """The ``seq`` the next event will have."""

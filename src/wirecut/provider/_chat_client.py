@@ -24,6 +24,7 @@ import wirecut.scope as ws
 from wirecut import _json
 from wirecut.http._core import check_seconds
 from wirecut.provider._accumulator import ChatAccumulator
+from wirecut.provider._admission import SlotGate
 from wirecut.provider._errors import (
     ProviderConnectionError,
     ProviderError,
@@ -86,7 +87,10 @@ class ChatClient:
     ``limits`` bounds what one
     response may make it hold (``ResponseLimits``; its defaults fit any real
     reply): past a bound the request is cut and ``chat()`` raises
-    ``ProviderResponseError``.
+    ``ProviderResponseError``. ``admission``, if given, is the line every
+    request takes its turn in (``SlotGate``: no more requests in flight
+    than the provider has slots); share one gate between every client of
+    one provider.
 
     Bad settings are a ``ValueError`` naming the argument: ``base_url`` must
     be an http:// or https:// URL with a host; ``timeout`` and
@@ -107,6 +111,7 @@ class ChatClient:
         wire_stream: bool = True,
         limits: ResponseLimits | None = None,
         read_interval: float = 0.0,
+        admission: SlotGate | None = None,
     ) -> None:
         _check_base_url(base_url)
         check_seconds("timeout", timeout)
@@ -119,6 +124,7 @@ class ChatClient:
         self.max_retries = max_retries
         self.wire_stream = wire_stream
         self.limits = limits or ResponseLimits()
+        self.admission = admission
         # Paced reads bring tokens a few at a time: on_token gets each read's together.
         self._join_tokens = read_interval > 0
         self._headers = {"Accept": "application/json, text/event-stream"}
@@ -185,8 +191,13 @@ class ChatClient:
         request that failed or was cut, included) and the tokens that
         arrived, whatever ended the request; a count nobody told us is None.
 
+        With an ``admission`` gate, each request (each retry too) first takes
+        its turn there, and holds its place until its response is closed.
+
         Cancellation: if the bound scope is cancelled before any request was
-        sent (at entry, while connecting) ``chat()`` raises ``Interrupted``.
+        sent (at entry, while waiting for admission, while connecting)
+        ``chat()`` raises ``Interrupted``; a request cut while it waited for
+        admission is never sent.
         Once one was sent, a cut (of the request in flight, or of a retry's
         backoff, after which no retry is sent) ends it at once and ``chat()``
         returns a ``ChatResult`` with ``interrupted=True``, the scope's
@@ -225,7 +236,11 @@ class ChatClient:
                 # wirecut's transport refuses a cancelled scope by itself; a plain
                 # http_client= does not, and this is then the only thing that does.
                 ws.check()
-                self._send(body, wire_stream, state, accumulator)
+                if self.admission is None:
+                    self._send(body, wire_stream, state, accumulator)
+                else:
+                    with self.admission.admitted():
+                        self._send(body, wire_stream, state, accumulator)
             except Interrupted as exc:
                 if state.sent:
                     usage.add(accumulator.usage())

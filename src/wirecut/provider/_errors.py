@@ -30,6 +30,7 @@ doing and becomes ``Interrupted`` (``wirecut.http.raise_if_cut``).
 from __future__ import annotations
 
 import contextlib
+import re
 import ssl
 from collections.abc import Iterator
 
@@ -89,7 +90,8 @@ class ProviderStatusError(ProviderError):
         self, status_code: int, body: str, *, url: str, retry_after: float | None = None
     ) -> None:
         excerpt = body[:BODY_EXCERPT_CHARS]
-        super().__init__(f"{url} answered HTTP {status_code}: {excerpt!r}")
+        hint = v1_hint(url) if status_code == 404 else ""
+        super().__init__(f"{url} answered HTTP {status_code}: {excerpt!r}{hint}")
         self.status_code = status_code
         self.body = excerpt
         self.url = url
@@ -99,6 +101,28 @@ class ProviderStatusError(ProviderError):
     def retryable(self) -> bool:
         """429 and 5xx: the same request may succeed later."""
         return self.status_code == 429 or self.status_code >= 500
+
+
+def v1_hint(url: str) -> str:
+    """For a 404 from ``url``: " (... try http://host:port/v1)" when its API base lacks ``/v1``.
+
+    The API base of llama.cpp, vLLM, Ollama and OpenAI ends in ``/v1``; a URL
+    given without it (``http://127.0.0.1:8080``) reaches ``/chat/completions``
+    at the server's root, which they answer with a plain 404. "" otherwise.
+    """
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        return ""
+    path = parsed.path.rstrip("/")
+    for endpoint in ("/chat/completions", "/completions", "/models"):
+        if path.endswith(endpoint):
+            path = path[: -len(endpoint)]
+            break
+    if any(re.fullmatch(r"v\d+(beta\d*)?", part) for part in path.split("/")):
+        return ""  # a versioned base (/v1, /api/v2): a 404 there is not about /v1
+    base = str(parsed.copy_with(path=path + "/v1", query=None, fragment=None))
+    return f" (an OpenAI-compatible API base usually ends in /v1: try {base})"
 
 
 class ProviderResponseError(ProviderError):

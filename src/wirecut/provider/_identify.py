@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import httpx
 
 from wirecut import _json
+from wirecut.provider._errors import v1_hint
 
 __all__ = ["ProviderIdentity", "ProviderKind", "base_url_problem", "identify_provider"]
 
@@ -125,7 +126,8 @@ def identify_provider(
             what = f"GET /models gave HTTP {status}"
             if content_type:
                 what += f" {content_type.split(';')[0].strip()}"
-            return ProviderIdentity(ProviderKind.NOT_OPENAI, f"{what}, not a model list")
+            hint = v1_hint(base_url) if status == 404 else ""
+            return ProviderIdentity(ProviderKind.NOT_OPENAI, f"{what}, not a model list{hint}")
         kind: ProviderKind | None = next((_OWNERS[o] for o in owners if o in _OWNERS), None)
         if kind is None and all(":" in m for m in models) and models:
             kind = ProviderKind.OLLAMA  # "llama3.2:latest": Ollama's names carry a tag.

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from wirecut.provider._admission import SlotGate
 from wirecut.provider._chat_client import ChatClient
 from wirecut.provider._result import ChatResult
 
@@ -52,11 +53,15 @@ class ProviderSpec:
     max_tokens: int = DEFAULT_MAX_TOKENS
     read_interval: float = 0.0
 
-    def client(self) -> ChatClient:
-        """A new ``ChatClient`` for this provider (its requests obey the bound scope)."""
+    def client(self, admission: SlotGate | None = None) -> ChatClient:
+        """A new ``ChatClient`` for this provider (its requests obey the bound scope).
+
+        ``admission``: the gate its requests take their turn at (``SlotGate``).
+        """
         return ChatClient(
             self.base_url,
             api_key=self.api_key,
             model=self.model,
             read_interval=self.read_interval,
+            admission=admission,
         )

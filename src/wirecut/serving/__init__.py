@@ -23,7 +23,14 @@ from wirecut.serving._limits import (
     descriptor_limit,
     raise_descriptor_limit,
 )
-from wirecut.serving._uvicorn import Server, ServerThread, http_address, http_base, listen
+from wirecut.serving._uvicorn import (
+    Server,
+    ServerThread,
+    http_address,
+    http_base,
+    listen,
+    listen_all,
+)
 
 __all__ = [
     "TRANSPORT_EXTENSION",
@@ -41,5 +48,6 @@ __all__ = [
     "http_address",
     "http_base",
     "listen",
+    "listen_all",
     "raise_descriptor_limit",
 ]

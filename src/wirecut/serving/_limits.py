@@ -53,6 +53,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from uvicorn.server import ServerState
+from websockets.exceptions import InvalidState
 
 __all__ = [
     "TRANSPORT_EXTENSION",
@@ -79,6 +80,11 @@ class ConnectionLimits:
     max_connections: int = 512
     #: Descriptors kept free for everything else (the store, provider sockets, processes).
     fd_reserve: int = 128
+    #: The listen backlog, which is also how many connections asyncio accepts at
+    #: one wake-up before the guard sees any of them: kept below ``fd_reserve``,
+    #: or a burst of queued connections passes the cap and accept fails for
+    #: want of descriptors (uvicorn's 2048 did, at a 256-descriptor limit).
+    accept_backlog: int = 64
     #: Seconds a connection may take to send a complete request head (each one, on keep-alive).
     head_timeout: float = 10.0
     #: Bytes of a request head at most (uvicorn's ``h11_max_incomplete_event_size``).
@@ -108,6 +114,13 @@ class ConnectionLimits:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
         if self.fd_reserve < 0:
             raise ValueError(f"fd_reserve must be >= 0, not {self.fd_reserve!r}")
+        if isinstance(self.accept_backlog, bool) or not isinstance(self.accept_backlog, int):
+            raise ValueError(f"accept_backlog must be a whole number, not {self.accept_backlog!r}")
+        if not 1 <= self.accept_backlog <= max(1, self.fd_reserve):
+            raise ValueError(
+                f"accept_backlog must be 1 to fd_reserve ({self.fd_reserve}), "
+                f"not {self.accept_backlog!r}"
+            )
         for name in (
             "head_timeout",
             "send_timeout",
@@ -453,7 +466,7 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
-        _require(self, ("handshake_complete", "close_timeout", "transport", "loop"))
+        _require(self, ("handshake_complete", "close_timeout", "transport", "loop", "writable"))
         self._guard = _guard_of(config)
         # uvicorn's bound on the closing handshake (10 s, no setting for it).
         self.close_timeout = self._guard.limits.close_timeout
@@ -473,8 +486,26 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
         scope = getattr(self, "scope", None)
         if isinstance(scope, dict):  # None when the handshake was refused
             scope.setdefault("extensions", {})[TRANSPORT_EXTENSION] = {
-                "abort": self.transport.abort
+                "abort": self.transport.abort,
+                # False while the transport is paused: the peer took nothing of
+                # what was written lately (uvicorn's own flow-control event).
+                "writable": self.writable.is_set,
             }
+
+    def shutdown(self) -> None:
+        """uvicorn's shutdown of this connection (close 1012), also when the client began closing.
+
+        A client whose close frame came just before the server stopped left
+        the connection CLOSING (its transport still flushing): websockets then
+        refuses a close of ours with ``InvalidState``, which uvicorn let out of
+        the server's shutdown, and ``wirecut serve`` ended on SIGTERM with a
+        traceback and exit 1. The closing handshake is under way already:
+        the transport is closed, as uvicorn does after its own close frame.
+        """
+        try:
+            super().shutdown()
+        except InvalidState:
+            self.transport.close()
 
     def handle_ping(self) -> None:
         if self.transport.get_write_buffer_size() > self._guard.limits.max_outbox:
@@ -525,7 +556,9 @@ class GuardedConfig(uvicorn.Config):
                 "on_headers_complete",
             ),
         )
-        _require(GuardedWebSocketProtocol, ("handle_connect", "handle_ping", "run_asgi"))
+        _require(
+            GuardedWebSocketProtocol, ("handle_connect", "handle_ping", "run_asgi", "shutdown")
+        )
         self.guard = guard
         limits = guard.limits
         super().__init__(
@@ -534,6 +567,7 @@ class GuardedConfig(uvicorn.Config):
             ws=GuardedWebSocketProtocol,
             h11_max_incomplete_event_size=limits.max_head,
             timeout_keep_alive=limits.keep_alive,
+            backlog=limits.accept_backlog,
             ws_max_size=limits.ws_max_size,
             ws_ping_interval=limits.ws_ping_interval,
             ws_ping_timeout=limits.ws_ping_timeout,

@@ -11,7 +11,8 @@ uvicorn, and had drifted when each did them itself:
   the normal way to stop (uvicorn re-raises the signal once it has shut down).
 - ``listen``: binds the socket before uvicorn starts, so that a port that is
   taken is a ``RuntimeError`` naming the cause (uvicorn logs it and ends the
-  thread with ``SystemExit``).
+  thread with ``SystemExit``); ``listen_all`` binds both loopbacks for
+  ``localhost`` (uvicorn would bind 127.0.0.1 alone).
 - ``ServerThread``: the server on a background thread, for tests, ``repro``
   and ``bench``: ``start()`` returns once it listens, ``stop()`` asks it to
   exit, forces it past a bound, and raises if the thread is still alive.
@@ -23,6 +24,7 @@ it checks that it exists and fails loudly if not (pyproject.toml caps uvicorn).
 from __future__ import annotations
 
 import contextlib
+import errno
 import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterator
@@ -30,7 +32,7 @@ from urllib.parse import urlsplit
 
 import uvicorn
 
-__all__ = ["Server", "ServerThread", "http_address", "http_base", "listen"]
+__all__ = ["Server", "ServerThread", "http_address", "http_base", "listen", "listen_all"]
 
 
 class Server(uvicorn.Server):
@@ -103,6 +105,34 @@ def listen(host: str, port: int, backlog: int, *, what: str) -> socket.socket:
     return sock
 
 
+def listen_all(host: str, port: int, backlog: int, *, what: str) -> list[socket.socket]:
+    """The listening sockets of ``host``: ``listen`` once, or for ``localhost`` both loopbacks.
+
+    ``localhost`` is 127.0.0.1 and ::1 (a browser may try either first): both
+    are bound, on the same port (the one the first got, for port 0). A
+    machine without IPv6 gets 127.0.0.1 alone; a ::1 whose port is taken by
+    another program is a ``RuntimeError``, as for the first.
+    """
+    if host != "localhost":
+        return [listen(host, port, backlog, what=what)]
+    first = listen("127.0.0.1", port, backlog, what=what)
+    if not socket.has_ipv6:
+        return [first]
+    try:
+        probe = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    except OSError:
+        return [first]  # IPv6 is compiled in but not available here
+    probe.close()
+    try:
+        second = listen("::1", first.getsockname()[1], backlog, what=what)
+    except RuntimeError as exc:
+        if isinstance(exc.__cause__, OSError) and exc.__cause__.errno == errno.EADDRNOTAVAIL:
+            return [first]  # no ::1 on this machine (IPv6 switched off)
+        first.close()
+        raise
+    return [first, second]
+
+
 def http_base(host: str, port: int) -> str:
     """``http://HOST:PORT`` (an IPv6 address in brackets)."""
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
@@ -141,7 +171,7 @@ class ServerThread:
         self._address: tuple[str, int] | None = None
         self._listening = threading.Event()
         self._error: BaseException | None = None
-        self._socket: socket.socket | None = None
+        self._sockets: list[socket.socket] = []
         self._thread = threading.Thread(target=self._run, name=f"wirecut-{what}", daemon=True)
 
     @property
@@ -164,7 +194,7 @@ class ServerThread:
         """
         if self.started:
             raise RuntimeError(f"the {self.what} was started already: build a new one")
-        self._socket = listen(*self._requested, self._server.config.backlog, what=self.what)
+        self._sockets = listen_all(*self._requested, self._server.config.backlog, what=self.what)
         self._thread.start()
         if not self._listening.wait(timeout):
             self.stop()
@@ -189,10 +219,12 @@ class ServerThread:
             raise RuntimeError(f"the {self.what} thread was still running after force_exit")
 
     def _run(self) -> None:
-        assert self._socket is not None
+        assert self._sockets
         try:
-            with self._socket:
-                self._server.run(sockets=[self._socket])
+            with contextlib.ExitStack() as stack:
+                for sock in self._sockets:
+                    stack.enter_context(sock)
+                self._server.run(sockets=self._sockets)
         except BaseException as exc:
             # uvicorn ends a failed startup with SystemExit; report it to start().
             self._error = exc

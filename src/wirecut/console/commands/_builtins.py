@@ -22,12 +22,23 @@ __all__ = ["builtin_commands"]
 CHAT_SYSTEM_PROMPT = "You are a helpful assistant in the wirecut console. Answer briefly."
 
 
+#: The widest usage ``help`` puts beside its summary; a longer one gets a line of its own.
+HELP_USAGE_COLUMN = 28
+
+
 @command("help", summary="list the commands")
 def help_(ctx: CommandContext, args: Args) -> None:
+    # Summaries start in one column, after the usages that fit before it; a
+    # longer usage gets a line of its own, its summary under it in that column.
+    # (Padding every usage to the longest pushed the summaries past the width
+    # of a page or a terminal, where they wrapped under the names.)
     listed = list(ctx.commands)
-    width = max(len(c.usage) for c in listed)
+    width = max((len(c.usage) for c in listed if len(c.usage) <= HELP_USAGE_COLUMN), default=0)
     for found in listed:
-        ctx.write(f"{found.usage:<{width}}  {found.summary}\n")
+        if len(found.usage) <= width:
+            ctx.write(f"{found.usage:<{width}}  {found.summary}\n")
+        else:
+            ctx.write(f"{found.usage}\n{'':<{width}}  {found.summary}\n")
     if ctx.services.provider_label:
         ctx.write(f"\nprovider: {ctx.services.provider_label}\n")
     mcp = ctx.services.mcp

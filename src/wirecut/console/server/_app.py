@@ -39,6 +39,7 @@ from wirecut.console.server._access import HostGuard, HostPolicy
 from wirecut.console.server._catalog import catalog
 from wirecut.console.server._connection import Connection
 from wirecut.console.server._metrics import CONTENT_TYPE, ConsoleMetrics
+from wirecut.provider import SlotGate
 from wirecut.record import CLOSE_FORBIDDEN_ORIGIN, CLOSE_UNAUTHORIZED, PROOF_CHALLENGE, proof
 from wirecut.serving import ConnectionGuard, ConnectionLimits, Dropped
 
@@ -73,6 +74,8 @@ class ConsoleState:
     guard: ConnectionGuard | None = None
     #: The MCP servers whose tools the agents get (``/api/commands`` lists them).
     mcp: McpServers | None = None
+    #: The line the provider's requests take their turn in (None: no line).
+    admission: SlotGate | None = None
 
     def authorized(self, conn: HTTPConnection) -> bool:
         if self.token is None:
@@ -142,6 +145,8 @@ def create_app(state: ConsoleState) -> Starlette:
         body = state.runner.health()
         if state.metrics.slot_watch is not None:
             body = {**body, "slots": state.metrics.slot_watch.health()}
+        if state.admission is not None:
+            body = {**body, "admission": state.admission.health()}
         return JSONResponse(body)
 
     async def commands(request: Request) -> Response:

@@ -9,12 +9,17 @@ frames then have nowhere to go and are dropped.
 
 The queue is bounded in bytes (``max_outbox``): a client that sends and never
 reads (a ping flood, a thousand ``memory list``) made the server hold every
-answer, hundreds of MiB. Past the bound the connection is closed with code
-4429 and its commands are cancelled with reason "disconnect", as if it had
-left; the close frame waits at most ``close_timeout`` for room in the socket,
-then the transport is cut (a client that does not read would not see it
-anyway). Its commands are not slowed down instead: a worker that blocks on a
-client's socket holds a worker of every other client too.
+answer, hundreds of MiB. Past the bound, while the socket's transport is
+paused (the client took nothing of what was written lately), the connection
+is closed with code 4429 and its commands are cancelled with reason
+"disconnect", as if it had left. While the transport is writable, what is
+queued goes at the sender's next turn however much it is: a burst of output
+coalesced into one large frame, and the frames right behind it, are no slow
+reader (a client reading at full speed was closed for one). The close frame
+waits at most ``close_timeout`` for room in the socket, then the transport is
+cut (a client that does not read would not see it anyway). Its commands are
+not slowed down instead: a worker that blocks on a client's socket holds a
+worker of every other client too.
 """
 
 from __future__ import annotations
@@ -210,12 +215,23 @@ class Connection:
             return
         text = json.dumps(frame)
         cost = len(text) + FRAME_OVERHEAD
-        # A frame alone always goes (one large output is not a slow reader).
-        if self.outbox_bytes and self.outbox_bytes + cost > self.max_outbox:
+        # A frame alone always goes (one large output is not a slow reader),
+        # and so does any while the client is taking what was written.
+        if (
+            self.outbox_bytes
+            and self.outbox_bytes + cost > self.max_outbox
+            and not self._transport_writable()
+        ):
             self._slow_reader()
             return
         self.outbox_bytes += cost
         self._outbox.put_nowait(text)
+
+    def _transport_writable(self) -> bool:
+        """True while the socket's transport takes writes (the client reads); False if unknown."""
+        extension = self.websocket.scope.get("extensions", {}).get(TRANSPORT_EXTENSION)
+        writable = None if extension is None else extension.get("writable")
+        return bool(writable()) if writable is not None else False
 
     def _slow_reader(self) -> None:
         """The client let more than ``max_outbox`` bytes wait: close 4429, as if it had left."""

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import logging
 import os
 import re
@@ -45,6 +44,7 @@ from wirecut.console.runner import CommandRunner, Runner, RunnerLimits
 from wirecut.console.server._access import HostPolicy
 from wirecut.console.server._app import ConsoleState, create_app
 from wirecut.console.server._metrics import ConsoleMetrics
+from wirecut.console.server._serve_file import ServeFile
 from wirecut.console.server._slot_watch import SlotWatch
 from wirecut.launch import Provider
 from wirecut.provider import DEFAULT_MAX_TOKENS, ProviderSpec
@@ -58,6 +58,7 @@ from wirecut.serving import (
     ServerThread,
     descriptor_limit,
     http_base,
+    listen_all,
     raise_descriptor_limit,
 )
 
@@ -75,7 +76,6 @@ RunnerFactory = Callable[[Services, ConsoleMetrics], Runner]
 #: A WebSocket message larger than this closes the connection (1009); the
 #: protocol's own frame limit (an error frame, the connection kept) is lower.
 WS_MAX_BYTES = ConnectionLimits.ws_max_size
-SERVE_JSON = "serve.json"
 
 
 #: The runner's defaults: written once, in ``RunnerLimits``.
@@ -148,7 +148,10 @@ def build_state(
     from wirecut.memory import NoteStore
 
     spec = config.provider_spec(provider)
-    client = spec.client()
+    # No more requests in flight than the provider has slots: a command cut
+    # while its request waits here never reaches the engine (fact 11).
+    admission = provider.admission(config.api_key)
+    client = spec.client(admission)
     services = Services.of(NoteStore.in_data_dir(config.data_dir), spec, lambda: client, mcp=mcp)
     metrics = ConsoleMetrics()
     # How long a cut request kept its provider slot (docs/cancellation-limits.md).
@@ -172,6 +175,7 @@ def build_state(
         hosts=HostPolicy.for_bind(config.host, config.allowed_hosts),
         limits=config.limits,
         mcp=mcp,
+        admission=admission,
     )
     state.guard = ConnectionGuard(config.limits, config.limits.connections_for(descriptor_limit()))
     metrics.registry.register(_ConnectionCollector(state))
@@ -318,18 +322,34 @@ def serve_forever(
     echo: Callable[[str], None],
     runner: RunnerFactory | None = None,
     mcp: McpServers | None = None,
+    say: Callable[[str], None] = lambda line: None,
 ) -> int:
     """``wirecut serve``: serve in the main thread until SIGTERM or Ctrl+C; returns the exit code.
 
     Prints the banner once connections are accepted, writes ``serve.json``
-    (mode 0600) into the data directory and removes it at exit. ``runner``
-    and ``mcp`` as for ``build_state``.
+    (mode 0600) into the data directory and removes it at exit, unless
+    another live console owns it (``ServeFile``: then a warning, and the
+    file stays that console's). ``runner``
+    and ``mcp`` as for ``build_state``. ``say`` gets the lines for people (stderr): how
+    many requests the provider is handed at once.
     """
     # Before the state: the connection cap is fitted to the limit in force.
     raise_descriptor_limit()
     state = build_state(config, provider, runner=runner, mcp=mcp)
-    info_path = config.data_dir / SERVE_JSON
-    wrote: list[Path] = []
+    if state.admission is not None:
+        say(f"provider requests: {state.admission.describe()}")
+    serve_file = ServeFile(config.data_dir)
+    try:
+        owner = serve_file.claim()
+    except OSError as exc:
+        owner = None
+        say(f"warning: cannot lock {serve_file.lock_path} ({exc.strerror}): no serve.json written")
+    if owner is not None:
+        who = f"pid {owner.get('pid', '?')}, {owner.get('url', 'starting')}"
+        say(
+            f"warning: another console ({who}) owns {serve_file.path}: `wirecut console` "
+            "without a URL reaches that one; this one only by its own URL"
+        )
 
     def on_listening(host: str, port: int) -> None:
         # Startup made most of the objects this process will hold (modules,
@@ -347,32 +367,25 @@ def serve_forever(
             "pid": os.getpid(),
             "instance": state.instance,
         }
-        _write_private(info_path, json.dumps(info))
-        wrote.append(info_path)
+        if serve_file.owned:
+            serve_file.write(info)
         echo(f"wirecut console: {shown}")
         sys.stdout.flush()
 
-    server = Server(
-        _uvicorn_config(state, config.host, config.port),
-        on_listening=on_listening,
-        before_shutdown=state.shutdown,
-    )
+    uvicorn_config = _uvicorn_config(state, config.host, config.port)
+    server = Server(uvicorn_config, on_listening=on_listening, before_shutdown=state.shutdown)
     try:
-        server.run()
+        # Bound here, not by uvicorn: "localhost" is both loopbacks (listen_all).
+        sockets = listen_all(config.host, config.port, uvicorn_config.backlog, what="console")
+    except RuntimeError as exc:
+        serve_file.release()
+        say(str(exc))
+        return 1
+    try:
+        with contextlib.ExitStack() as stack:
+            for sock in sockets:
+                stack.enter_context(sock)
+            server.run(sockets=sockets)
     finally:
-        for path in wrote:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        serve_file.release()  # Removes serve.json only if this server wrote it.
     return 0 if server.started else 1
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` readable by its owner only (created 0600, never wider)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)

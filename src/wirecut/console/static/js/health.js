@@ -8,10 +8,14 @@ const EVERY_MS = 2000;
 const SOON_MS = 150;
 
 export class HealthStrip {
-  /** `url` and `headers` for /api/health; `root` and `items` are the strip's elements. */
+  /**
+   * `url` and `headers` for /api/health (no Authorization header: the page has
+   * no token); `root` and `items` are the strip's elements.
+   */
   constructor(url, headers, root, items) {
     this.url = url;
     this.headers = headers;
+    this.hasToken = "Authorization" in headers;
     this.root = root;
     this.items = items;
     this.timer = null;
@@ -29,7 +33,7 @@ export class HealthStrip {
       const response = await fetch(this.url, {
         headers: this.headers, cache: "no-store", signal: abort.signal,
       });
-      if (response.status === 401) this.render(null, "token refused");
+      if (response.status === 401) this.render(null, this.hasToken ? "token refused" : "no token");
       else if (!response.ok) this.render(null, `HTTP ${response.status}`);
       else this.render(await response.json(), null);
     } catch {

@@ -99,6 +99,7 @@ const page = new ConsolePage({
   wsUrl: consoleUrl(),
   onTokenRefused: () => storageSet(sessionStorage, TOKEN_KEY, null),
   onConnected: () => hint(null),
+  hasToken: Boolean(token),
 });
 
 function setPrompt(value) {

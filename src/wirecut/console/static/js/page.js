@@ -19,10 +19,12 @@ export class ConsolePage {
   /**
    * `ui`: the page's elements (main.js); `catalog`: the server's commands and
    * labels; `health`: the strip's HealthStrip; `wsUrl`: /api/console's address;
-   * `onTokenRefused()`: forget the kept token; `onConnected()`: a `ready` came.
+   * `onTokenRefused()`: forget the kept token; `onConnected()`: a `ready` came;
+   * `hasToken`: whether the page has a token to send at all.
    */
-  constructor({ ui, catalog, health, wsUrl, onTokenRefused, onConnected }) {
+  constructor({ ui, catalog, health, wsUrl, onTokenRefused, onConnected, hasToken = true }) {
     this.ui = ui;
+    this.hasToken = hasToken;
     this.catalog = catalog;
     this.health = health;
     this.onTokenRefused = onTokenRefused;
@@ -308,11 +310,18 @@ export class ConsolePage {
 
     if (code === CLOSE_UNAUTHORIZED || code === CLOSE_FORBIDDEN_ORIGIN) {
       if (code === CLOSE_UNAUTHORIZED) this.onTokenRefused();
-      this.connection.stop(code === CLOSE_UNAUTHORIZED ? "token refused" : "origin refused");
-      this.notice(code === CLOSE_UNAUTHORIZED
-        ? "The server refused the token. Open the address that `wirecut serve` printed "
-          + "(it ends in ?token=…)."
-        : "The server refused this page's origin.", "error");
+      const open = "Open the address that `wirecut serve` printed (it ends in ?token=…).";
+      if (code === CLOSE_UNAUTHORIZED && !this.hasToken) {
+        // Nothing was refused: the page had no token to send (opened without ?token=).
+        this.connection.stop("no token");
+        this.notice(`This page has no token, and the server wants one. ${open}`, "error");
+      } else if (code === CLOSE_UNAUTHORIZED) {
+        this.connection.stop("token refused");
+        this.notice(`The server refused the token. ${open}`, "error");
+      } else {
+        this.connection.stop("origin refused");
+        this.notice("The server refused this page's origin.", "error");
+      }
       return;
     }
     if (wasConnected || !this.lostNotice) {

@@ -29,7 +29,11 @@ export function lateCancelLine(frame) {
   return h("div", "cmd-facts late-cancel", text);
 }
 
-/** "cancelled in 41 ms · worker exited · 0 requests open · MCP tools/fetch stopped · 37 tokens" */
+/**
+ * "cancelled · worker exited 41 ms after the cancel · 0 requests open · MCP tools/fetch stopped · 37 tokens".
+ * The time is the server's: the unwind timeline's worker_exited step (the
+ * terminal client says the same).
+ */
 export function factsLine(frame) {
   const lc = frame.lifecycle || {};
   const timeline = Array.isArray(lc.timeline) ? lc.timeline : [];
@@ -38,18 +42,18 @@ export function factsLine(frame) {
   const reason = REASON_WORDS[frame.reason] || "";
 
   if (frame.status === "timeout") {
-    // The block's header shows the whole time; here, how fast the unwind went.
+    // The block's header shows the whole time; the next item, how fast the unwind went.
     items.push({ text: "timed out", tone: "lead" });
-    if (exited) items.push({ text: `unwound in ${fmtMs(exited.ms)}` });
   } else if (lc.started === false) {
     items.push({ text: `cancelled while queued${reason ? ` ${reason}` : ""}`, tone: "lead" });
   } else {
-    const ms = exited ? exited.ms : frame.elapsed_ms;
-    items.push({ text: `cancelled${reason ? ` ${reason}` : ""} in ${fmtMs(ms)}`, tone: "lead" });
+    items.push({ text: `cancelled${reason ? ` ${reason}` : ""}`, tone: "lead" });
   }
 
   if (lc.started === false) items.push({ text: "never started" });
-  else if (lc.worker_exited === true) items.push({ text: "worker exited", tone: "good" });
+  else if (lc.worker_exited === true && exited) {
+    items.push({ text: `worker exited ${fmtMs(exited.ms)} after the cancel`, tone: "good" });
+  } else if (lc.worker_exited === true) items.push({ text: "worker exited", tone: "good" });
   else if (lc.worker_exited === false) items.push({ text: "worker still running", tone: "warn" });
   else if (lc.worker_exited === null) items.push({ text: "worker exit unconfirmed", tone: "warn" });
 
