@@ -30,8 +30,11 @@ AUTO: Literal["auto"] = "auto"
 
 #: The proxy's bounds on client connections (``wirecut.serving``, the console's
 #: implementation): more of them than the console's (a team's streams), and a
-#: larger request head (SDKs send long headers).
-PROXY_CONNECTION_LIMITS = ConnectionLimits(max_connections=4096, max_head=64 * 1024)
+#: larger request head (SDKs send long headers), and the longest listen backlog
+#: the descriptor reserve allows (thousands of streams may open at once).
+PROXY_CONNECTION_LIMITS = ConnectionLimits(
+    max_connections=4096, max_head=64 * 1024, accept_backlog=128
+)
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,6 @@ def _uvicorn_config(proxy: Proxy) -> uvicorn.Config:
         log_level="warning",
         access_log=False,
         lifespan="on",
-        # Thousands of streams may be open at once.
-        backlog=2048,
         timeout_graceful_shutdown=5,
     )
 
