@@ -14,13 +14,14 @@ The modules: ``_config`` (the settings), ``_config_file`` (``--config``),
 ``_keys`` (client keys), ``_server`` (uvicorn, SIGHUP), ``_app`` (routes,
 Host/Origin/key checks), ``_proxy`` (the shared state, reload),
 ``_routing`` (the upstreams and a model's way), ``_exchange`` (one
-request's life) and ``_lifecycle`` (its states), ``_admission`` (the FIFO),
-``_relay`` (the upstream request), ``_dialects`` (the four APIs:
-``_responses``, ``_messages``), ``_events`` (the stream's events),
-``_assemble`` (the chat non-stream answer), ``_tally`` (what the upstream
-produced), ``_usage`` and ``_counting`` (billable usage, the upstream's
-tokenizer), ``_request`` (the boundary), ``_upstream`` (what the upstream
-is), ``_record`` (proxy.jsonl), ``_metrics`` (/metrics), ``_wire``.
+request's life) and ``_lifecycle`` (its states), ``_admission`` (the FIFO,
+on ``wirecut.provider.AdmissionLine``), ``_relay`` (the upstream request),
+``_dialects`` (the four APIs: ``_responses``, ``_messages``, ``_content``),
+``_events`` (the stream's events), ``_assemble`` (the chat non-stream
+answer), ``_tally`` (what the upstream produced), ``_usage`` and
+``_counting`` (billable usage, the upstream's tokenizer), ``_request`` (the
+boundary), ``_upstream`` (what the upstream is), ``_record``
+(proxy.jsonl), ``_metrics`` (/metrics), ``_wire``.
 """
 
 from wirecut.proxy._app import create_app
