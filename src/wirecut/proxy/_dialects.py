@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -210,6 +211,24 @@ class Dialect:
 class _NamedDialect(Dialect):
     """An API of named events (``event: TYPE``) whose own last event ends a whole answer."""
 
+    #: The last events of a whole answer, and of a failed one.
+    complete: frozenset[str]
+    failed: frozenset[str]
+    #: Notes in the tally what a parsed event says (the API module's ``saw``).
+    saw: Callable[[str, dict[str, Any], Tally], None]
+
+    def look(
+        self, name: str | None, chunk: dict[str, Any], choices_hidden: bool, tally: Tally
+    ) -> Look:
+        kind = name or chunk.get("type")
+        if not isinstance(kind, str):
+            return Look.PASS
+        tally.deltas += _is_delta(kind)  # One that ``fast`` did not see.
+        self.saw(kind, chunk, tally)
+        if kind in self.failed:
+            return Look.FAILED
+        return Look.COMPLETE if kind in self.complete else Look.PASS
+
     def fast(self, block: bytes, tally: Tally) -> bool:
         if not block.startswith(b"event: "):
             return False  # No name on its first line: parse it (the name is in its data).
@@ -233,18 +252,9 @@ class _NamedDialect(Dialect):
 
 class _ResponsesDialect(_NamedDialect):
     read = _responses.READ
-
-    def look(
-        self, name: str | None, chunk: dict[str, Any], choices_hidden: bool, tally: Tally
-    ) -> Look:
-        kind = name or chunk.get("type")
-        if not isinstance(kind, str):
-            return Look.PASS
-        tally.deltas += _is_delta(kind)  # One that ``fast`` did not see.
-        _responses.saw(kind, chunk, tally)
-        if kind in _responses.END_FAILED:
-            return Look.FAILED
-        return Look.COMPLETE if kind in _responses.END_WHOLE else Look.PASS
+    complete = _responses.END_WHOLE
+    failed = _responses.END_FAILED
+    saw = staticmethod(_responses.saw)
 
     def assembler(self) -> EventAssembler:
         return _responses.ResponsesAssembler()
@@ -272,18 +282,9 @@ class _ResponsesDialect(_NamedDialect):
 
 class _MessagesDialect(_NamedDialect):
     read = _messages.READ
-
-    def look(
-        self, name: str | None, chunk: dict[str, Any], choices_hidden: bool, tally: Tally
-    ) -> Look:
-        kind = name or chunk.get("type")
-        if not isinstance(kind, str):
-            return Look.PASS
-        tally.deltas += _is_delta(kind)  # One that ``fast`` did not see.
-        _messages.saw(kind, chunk, tally)
-        if kind == "error":
-            return Look.FAILED
-        return Look.COMPLETE if kind == "message_stop" else Look.PASS
+    complete = frozenset({"message_stop"})
+    failed = frozenset({"error"})
+    saw = staticmethod(_messages.saw)
 
     def assembler(self) -> EventAssembler:
         return _messages.MessagesAssembler()

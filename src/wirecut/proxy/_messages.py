@@ -23,6 +23,7 @@ import json
 from typing import Any
 
 from wirecut._json import JSONError, loads
+from wirecut.proxy._content import content_text
 from wirecut.proxy._tally import Tally
 
 __all__ = [
@@ -221,7 +222,7 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     messages: list[dict[str, Any]] = []
     system = body.get("system")
     if system is not None:
-        messages.append({"role": "system", "content": _text(system)})
+        messages.append({"role": "system", "content": content_text(system)})
     given = body.get("messages")
     if not isinstance(given, list):
         return None
@@ -249,7 +250,7 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]] | None:
                 )
             elif kind == "tool_result":
                 result = {"role": "tool", "tool_call_id": block.get("tool_use_id") or ""}
-                results.append({**result, "content": _text(block.get("content"))})
+                results.append({**result, "content": content_text(block.get("content"))})
         if text or calls:
             turn: dict[str, Any] = {"role": role, "content": "".join(text)}
             if calls:
@@ -257,15 +258,3 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]] | None:
             messages.append(turn)
         messages.extend(results)
     return messages
-
-
-def _text(content: object) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            part["text"]
-            for part in content
-            if isinstance(part, dict) and isinstance(part.get("text"), str)
-        )
-    return ""

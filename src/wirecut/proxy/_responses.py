@@ -24,6 +24,7 @@ import itertools
 import json
 from typing import Any
 
+from wirecut.proxy._content import content_text
 from wirecut.proxy._tally import Tally
 
 __all__ = [
@@ -194,26 +195,14 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]] | None:
             return None
         kind = item.get("type", "message")
         if kind == "message" and isinstance(item.get("role"), str):
-            messages.append({"role": item["role"], "content": _text(item.get("content"))})
+            messages.append({"role": item["role"], "content": content_text(item.get("content"))})
         elif kind == "function_call":
             call = {"name": item.get("name") or "", "arguments": item.get("arguments") or ""}
             tool_call = {"id": item.get("call_id") or "", "type": "function", "function": call}
             messages.append({"role": "assistant", "content": "", "tool_calls": [tool_call]})
         elif kind == "function_call_output":
-            output = _text(item.get("output"))
+            output = content_text(item.get("output"))
             messages.append(
                 {"role": "tool", "tool_call_id": item.get("call_id") or "", "content": output}
             )
     return messages
-
-
-def _text(content: object) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            part["text"]
-            for part in content
-            if isinstance(part, dict) and isinstance(part.get("text"), str)
-        )
-    return ""
