@@ -92,7 +92,7 @@ class ProxyMetrics:
         )
         self.completion_tokens = Counter(
             "wirecut_proxy_completion_tokens",
-            "Completion tokens relayed (reported by the upstream, else counted from the deltas).",
+            "Completion tokens relayed, as the records count them (the upstream's, else estimated).",
             registry=self.registry,
         )
         self.cancel_to_upstream_close = Histogram(
