@@ -92,7 +92,7 @@ class ProxyMetrics:
         )
         self.completion_tokens = Counter(
             "wirecut_proxy_completion_tokens",
-            "Completion tokens relayed, as the records count them (the upstream's, else estimated).",
+            "Completion tokens relayed, as the records count them (the upstream's or estimated).",
             registry=self.registry,
         )
         self.cancel_to_upstream_close = Histogram(
