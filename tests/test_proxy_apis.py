@@ -362,3 +362,52 @@ def test_a_responses_stream_that_ends_before_its_last_event_is_the_upstreams_err
     assert (record["status"], record["reason"]) == ("error", "upstream")
     assert record["usage"]["counted_by"] == "chunks"  # No tokenizer there: said so.
     assert record["usage"]["completion_tokens"] == 1
+
+
+_LAST_EVENTS = {
+    "/v1/responses": [
+        {"type": "response.created", "response": {**RESPONSE, "status": "in_progress"}},
+        {"type": "response.output_text.delta", "delta": "hello there", "output_index": 0},
+        {"type": "response.completed", "response": RESPONSE},
+    ],
+    "/v1/messages": [
+        {"type": "message_start", "message": {**MESSAGE, "content": [], "stop_reason": None}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": MESSAGE["usage"]},
+        {"type": "message_stop"},
+    ],
+}
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "non-stream"])
+@pytest.mark.parametrize("route", list(_LAST_EVENTS))
+def test_the_apis_last_event_ends_the_request_though_the_upstream_keeps_it_open(
+    tmp_path: Path, route: str, stream: bool
+) -> None:
+    def last_then_hold(ex: Exchange) -> None:
+        if ex.request.path != route:
+            ex.json({}, status=404)  # The proxy's probe.
+            return
+        ex.start_chunked()
+        for event in _LAST_EVENTS[route]:
+            ex.chunk(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
+        ex.hold()  # No end of the body: the connection stays open.
+
+    with LoopbackServer(last_then_hold) as upstream:
+        config = ProxyConfig(
+            upstream=upstream.url + "/v1", port=0, data_dir=tmp_path, request_timeout=60
+        )
+        with ProxyServer(config) as proxy:
+            answer = httpx.post(
+                proxy.url + route, json=body_for(route, stream=stream), timeout=BOUND
+            )
+            (sent,) = [r for r in upstream.requests if r.method == "POST"]
+            # Not reusable: closed, not left hanging.
+            closed = upstream.wait_closed(sent.connection, BOUND)
+    record = json.loads((tmp_path / "proxy.jsonl").read_text())
+    assert answer.status_code == 200
+    assert closed
+    assert (record["status"], record["reason"]) == ("ok", None)
+    assert record["usage"]["counted_by"] == "upstream"
