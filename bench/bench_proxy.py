@@ -34,7 +34,10 @@ remote cost map is off, so it makes no request off this machine).
    freed, whether the dead queued client reached the engine, how many
    requests reached the upstream after the client left. (On the embedded
    llama.cpp the same cuts are checked by the ``local`` test of
-   tests/test_proxy.py.)
+   tests/test_proxy.py.) Then the same cut, in decoding and in the prompt
+   phase, stream and not, for ``/v1/responses`` and ``/v1/messages``:
+   direct, ``wirecut proxy`` and LiteLLM (which serves both routes; the
+   table says which route each asked the upstream on).
 
 The machine is shared: the script prints the load average with the tables.
 """
@@ -306,20 +309,27 @@ class Sim:
         self.process.stop()
 
 
-def body(stream: bool, max_tokens: int, prompt: str = "tell me a long story") -> bytes:
-    payload = {
-        "model": "m",
-        "messages": [{"role": "user", "content": prompt}],
-        "stream": stream,
-        "max_tokens": max_tokens,
-    }
+CHAT = "/v1/chat/completions"
+#: The routes of the second cut table, beside chat's.
+ROUTES = ("/v1/responses", "/v1/messages")
+
+
+def body(
+    stream: bool, max_tokens: int, prompt: str = "tell me a long story", route: str = CHAT
+) -> bytes:
+    """A request of ``route``'s API (chat, Responses or Messages) for model ``m``."""
+    payload: dict[str, Any] = {"model": "m", "stream": stream}
+    if route == "/v1/responses":
+        payload |= {"input": prompt, "max_output_tokens": max_tokens}
+    else:
+        payload |= {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}
     return json.dumps(payload).encode()
 
 
-def open_request(system: System, data: bytes) -> socket.socket:
+def open_request(system: System, data: bytes, route: str = CHAT) -> socket.socket:
     conn = socket.create_connection(("127.0.0.1", system.port), timeout=30)
     head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{system.port}\r\n"
+        f"POST {route} HTTP/1.1\r\nHost: 127.0.0.1:{system.port}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
     )
     conn.sendall(head.encode() + data)
@@ -693,24 +703,33 @@ class Cuts:
     reached: int = 0
     retried: int = 0
     freed_after: list[float] = field(default_factory=list)
+    #: The routes the upstream was asked on (a gateway may translate the API).
+    upstream_routes: set[str] = field(default_factory=set)
 
 
 def _new_requests(sim: Sim, since: int) -> list[str]:
     return [e["request_id"] for e in sim.events(since) if e["kind"] == "request_received"]
 
 
-def cut_running(sim: Sim, system: System, stream: bool, trials: int, *, prompt: bool) -> Cuts:
+def cut_running(
+    sim: Sim, system: System, stream: bool, trials: int, *, prompt: bool, route: str = CHAT
+) -> Cuts:
     """The client leaves while its request runs (decoding, or in the prompt phase)."""
     cuts = Cuts()
     for _ in range(trials):
         since = sim.mark()
-        conn = open_request(system, body(stream, 150))
+        conn = open_request(system, body(stream, 150, route=route), route)
         kind = "slot_acquired" if prompt else "first_token"
         started = sim.wait_for(lambda e, kind=kind: e["kind"] == kind, since)
         if started is None:
             conn.close()
             continue
         request_id = started["request_id"]
+        cuts.upstream_routes.update(
+            e["detail"]["route"]
+            for e in sim.events(since)
+            if e["kind"] == "request_received" and e["request_id"] == request_id
+        )
         left_at = time.monotonic()
         after = sim.mark()
         conn.close()
@@ -852,7 +871,9 @@ def main() -> None:
             decode_systems = systems_for(decode_sim.base_url, both_litellm=True)
             prompt_systems = systems_for(prompt_sim.base_url, both_litellm=True)
             systems = decode_systems + prompt_systems
-            _cut_rows(report, decode_systems, prompt_systems, (decode_sim, prompt_sim), trials)
+            sims = (decode_sim, prompt_sim)
+            _cut_rows(report, decode_systems, prompt_systems, sims, trials)
+            _route_cut_rows(report, decode_systems, prompt_systems, sims, trials)
         finally:
             for system in systems:
                 system.stop()
@@ -894,6 +915,61 @@ def _cut_rows(
             "mode",
             "slot freed after the client left",
             "dead queued client reached the engine",
+            "requests retried after the client left",
+        ],
+        rows,
+    )
+
+
+def _route_cut_rows(
+    report: Report,
+    decode_systems: list[System],
+    prompt_systems: list[System],
+    sims: tuple[Sim, Sim],
+    trials: int,
+) -> None:
+    """The cut in decoding and in the prompt phase for the Responses and Messages APIs.
+
+    Direct requests beside the gateways: the simulator, like llama.cpp, frees
+    the slot of a client that closed its connection, so direct is the
+    reference a gateway should match.
+    """
+    decode_sim, prompt_sim = sims
+    decode_systems = [System("direct", decode_sim.base_url), *decode_systems]
+    prompt_systems = [System("direct", prompt_sim.base_url), *prompt_systems]
+    rows = []
+    for route in ROUTES:
+        for decode, prompt in zip(decode_systems, prompt_systems, strict=True):
+            for phase, sim, system, count in (
+                ("decoding", decode_sim, decode, trials),
+                ("5 s prompt phase", prompt_sim, prompt, max(2, trials // 3)),
+            ):
+                for stream in (True, False):
+                    c = cut_running(
+                        sim, system, stream, count, prompt=phase != "decoding", route=route
+                    )
+                    share = f"{c.freed / c.trials:.0%}" if c.trials else "-"
+                    mode = f"{phase}, " + ("stream" if stream else "non-stream")
+                    rows.append(
+                        [
+                            route,
+                            system.name,
+                            mode,
+                            f"{c.freed}/{c.trials} ({share})",
+                            ", ".join(sorted(c.upstream_routes)) or "-",
+                            str(c.retried),
+                        ]
+                    )
+    table(
+        report,
+        "The cut table of the Responses and Messages APIs, on the simulator "
+        f"(load average {os.getloadavg()[0]:.2f})",
+        [
+            "route",
+            "through",
+            "client left during",
+            "slot freed after the client left",
+            "upstream asked on",
             "requests retried after the client left",
         ],
         rows,

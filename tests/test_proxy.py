@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import os
 import signal
@@ -133,6 +134,17 @@ def chat(**extra: Any) -> dict[str, Any]:
     return {"model": "m", "messages": MESSAGES, **extra}
 
 
+def prompt_tokens(
+    sim: SimulatorServer, body: dict[str, Any], route: str = "chat/completions"
+) -> int:
+    """The prompt count the upstream itself reports for ``body`` (asked directly)."""
+    limit = "max_output_tokens" if route == "responses" else "max_tokens"
+    whole = {**body, "stream": False, limit: 1}
+    answer = httpx.post(f"{sim.base_url}/{route}", json=whole, timeout=BOUND).json()
+    usage = answer["usage"]
+    return int(usage.get("prompt_tokens", usage.get("input_tokens", -1)))
+
+
 def event_names(record: dict[str, Any]) -> list[str]:
     return [step["event"] for step in record["timeline"]]
 
@@ -143,6 +155,7 @@ def event_names(record: dict[str, Any]) -> list[str]:
 def test_the_sdk_without_stream_gets_the_answer_assembled_from_a_streamed_upstream(
     tmp_path: Path,
 ) -> None:
+    before = datetime.datetime.now(datetime.UTC)
     with proxied(tmp_path) as setup:
         raw = setup.sdk().chat.completions.with_raw_response.create(
             model="m",
@@ -169,12 +182,24 @@ def test_the_sdk_without_stream_gets_the_answer_assembled_from_a_streamed_upstre
             "prompt_tokens": completion.usage.prompt_tokens,
             "completion_tokens": FAST.reply_tokens,
             "requests": 1,
+            "estimated": False,
+            "counted_by": "upstream",
+            "prompt_counted_by": "upstream",
         },
         "queued_ms": record["queued_ms"],
         "cancel_to_upstream_close_ms": None,
         "timeline": [],
+        "route": "/v1/chat/completions",
+        "key": None,
+        "upstream": setup.sim.base_url,
+        "arrived_at": record["arrived_at"],
+        "duration_ms": record["duration_ms"],
+        "ttft_ms": record["ttft_ms"],
     }
     assert record["queued_ms"] >= 0
+    arrived = datetime.datetime.fromisoformat(record["arrived_at"])
+    assert before <= arrived <= datetime.datetime.now(datetime.UTC)
+    assert record["queued_ms"] <= record["ttft_ms"] <= record["duration_ms"]
 
 
 @pytest.mark.parametrize("include_usage", [False, True])
@@ -415,12 +440,16 @@ def test_a_client_leaving_cuts_its_upstream_request_and_frees_the_slot(
         record = setup.record()
         assert all(slot["is_processing"] is False for slot in setup.sim.slots())
         assert len(setup.sim.requests()) == 1  # Not retried after the client left.
+        reported = prompt_tokens(setup.sim, chat())
     assert closed.detail["where"] == phase
     assert record["status"] == "cancelled"
     assert record["reason"] == "disconnect"
     assert record["stream"] is stream
     assert record["usage"]["requests"] == 1
-    assert record["usage"]["prompt_tokens"] is None  # Cut before the upstream reported it.
+    # Cut before the upstream reported it: counted with its own tokenizer.
+    assert record["usage"]["prompt_tokens"] == reported
+    assert record["usage"]["prompt_counted_by"] == "tokenizer"
+    assert record["usage"]["estimated"] is True
     assert record["cancel_to_upstream_close_ms"] is not None
     assert event_names(record)[0] == "cancel_requested"
     assert {"sockets_shut", "worker_exited"} <= set(event_names(record))
@@ -445,7 +474,14 @@ def test_a_client_leaving_while_queued_in_the_proxy_never_reaches_the_upstream(
         setup.sim.wait_for_event(EventKind.SLOT_FREED, only.id, timeout=BOUND)
     assert record["status"] == "cancelled"
     assert record["reason"] == "disconnect"
-    assert record["usage"] == {"prompt_tokens": None, "completion_tokens": 0, "requests": 0}
+    assert record["usage"] == {
+        "prompt_tokens": None,
+        "completion_tokens": 0,
+        "requests": 0,
+        "estimated": False,
+        "counted_by": None,
+        "prompt_counted_by": None,
+    }
     assert record["queued_ms"] > 0
     assert record["cancel_to_upstream_close_ms"] is None
     assert event_names(record) == ["cancel_requested"]

@@ -34,8 +34,8 @@ def wait_records(setup: Setup, count: int) -> list[dict[str, object]]:
 
 
 def test_records_are_mode_0600_and_rotated_by_size(tmp_path: Path) -> None:
-    # A record is about 200 bytes: one to a file of 300.
-    with proxied(tmp_path, records_max_bytes=300, records_backups=2) as setup:
+    # A record is about 450 bytes: one to a file of 700.
+    with proxied(tmp_path, records_max_bytes=700, records_backups=2) as setup:
         ids = []
         for n in range(7):
             name = f"r{n}"
@@ -53,7 +53,7 @@ def test_records_are_mode_0600_and_rotated_by_size(tmp_path: Path) -> None:
     assert files == ["proxy.jsonl", "proxy.jsonl.1", "proxy.jsonl.2"]  # Two backups kept.
     for name in files:
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600
-        assert (tmp_path / name).stat().st_size <= 300
+        assert (tmp_path / name).stat().st_size <= 700
     kept = [r["id"] for r in all_records(tmp_path)]
     assert kept == ids[-3:]  # The newest, in order; the oldest rotated away.
 

@@ -1,91 +1,19 @@
-"""From streamed chunks to what the proxy knows and what a non-stream client gets.
+"""From streamed chunks to the non-stream answer of a chat or text completion.
 
-The upstream always streams (docs/proxy.md): ``Tally`` counts what arrived
-(the usage the upstream reported, else the deltas received), and
-``Assembler`` builds the whole ``chat.completion`` or ``text_completion``
-that a client who asked for no stream expects, from the same chunks: every
-choice by its ``index``, text fields concatenated, tool calls merged by
-their ``index``, log-probabilities appended, the last ``finish_reason``.
+The upstream always streams (docs/proxy.md): ``Assembler`` builds the whole
+``chat.completion`` or ``text_completion`` that a client who asked for no
+stream expects, from the chunks: every choice by its ``index``, text fields
+concatenated, tool calls merged by their ``index``, log-probabilities
+appended, the last ``finish_reason``.
 
-Fed by the relay, on the event loop. A streaming client's events are not
-all parsed (``_events.look``): ``Tally`` then counts a delta without one.
+Fed by the relay, on the event loop (one per request).
 """
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
-from wirecut.provider import Usage
-
-__all__ = ["Assembler", "Endpoint", "Tally"]
-
-
-class Endpoint(enum.StrEnum):
-    """Which OpenAI endpoint a request is for (its path under the API base)."""
-
-    CHAT = "chat/completions"  # chat.completion(.chunk): choices[].delta / .message
-    TEXT = "completions"  # text_completion: choices[].text
-
-
-class Tally:
-    """What the upstream produced for one request, as far as the proxy saw it."""
-
-    __slots__ = ("deltas", "finished_choices", "model", "provider_usage", "requests")
-
-    def __init__(self) -> None:
-        self.requests = 0  # requests whose headers went out to the upstream
-        self.deltas = 0  # choices that carried new text or a tool-call part
-        self.finished_choices: set[int] = set()  # the indexes that got a finish_reason
-        self.model: str | None = None
-        self.provider_usage: dict[str, Any] | None = None
-
-    def add(self, chunk: dict[str, Any]) -> None:
-        model = chunk.get("model")
-        if isinstance(model, str) and model:
-            self.model = model
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self.provider_usage = usage
-        choices = chunk.get("choices")
-        if not isinstance(choices, list):
-            return
-        for position, choice in enumerate(choices):
-            if not isinstance(choice, dict):
-                continue
-            if choice.get("finish_reason"):
-                index = choice.get("index", position)
-                self.finished_choices.add(index if isinstance(index, int) else position)
-            delta = choice.get("delta")
-            if isinstance(delta, dict):
-                if (
-                    delta.get("content")
-                    or delta.get("reasoning_content")
-                    or delta.get("tool_calls")
-                ):
-                    self.deltas += 1
-            elif choice.get("text"):
-                self.deltas += 1
-
-    def all_finished(self, choices: int) -> bool:
-        """True if ``choices`` choices (the request's ``n``) each got a finish_reason."""
-        return len(self.finished_choices) >= choices
-
-    def usage(self) -> Usage:
-        """The upstream's usage when it sent one, else the deltas received (``estimated``)."""
-        reported = self.provider_usage
-        if reported is not None:
-            prompt = _count(reported.get("prompt_tokens"))
-            completion = _count(reported.get("completion_tokens"))
-            if prompt is not None and completion is not None:
-                return Usage(prompt, completion, prompt + completion, self.requests)
-        return Usage(0, self.deltas, self.deltas, self.requests, estimated=True)
-
-
-def _count(value: object) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
+__all__ = ["Assembler"]
 
 
 class _Choice:
@@ -101,10 +29,10 @@ class _Choice:
 
 
 class Assembler:
-    """Builds the non-stream answer of ``endpoint`` from its stream chunks."""
+    """Builds the non-stream answer from stream chunks (``text``: a text completion)."""
 
-    def __init__(self, endpoint: Endpoint) -> None:
-        self.endpoint = endpoint
+    def __init__(self, *, text: bool) -> None:
+        self.text = text
         self._top: dict[str, Any] = {}
         self._choices: dict[int, _Choice] = {}
         self._usage: Any = None
@@ -129,7 +57,7 @@ class Assembler:
                 choice.finish_reason = raw["finish_reason"]
             if raw.get("logprobs"):
                 choice.logprobs = _merge_logprobs(choice.logprobs, raw["logprobs"])
-            if self.endpoint is Endpoint.TEXT:
+            if self.text:
                 if isinstance(raw.get("text"), str):
                     choice.texts.setdefault("text", []).append(raw["text"])
                 continue
@@ -139,7 +67,7 @@ class Assembler:
 
     def result(self) -> dict[str, Any]:
         """The whole answer (a JSON object) as the upstream would have sent it unstreamed."""
-        text = self.endpoint is Endpoint.TEXT
+        text = self.text
         body: dict[str, Any] = {
             "id": self._top.get("id"),
             "object": "text_completion" if text else "chat.completion",

@@ -21,6 +21,12 @@ reads it: the request stays live (and cancellable by id, and bound by its
 timeout) until the upstream's answer has been handed to the client's
 connection.
 
+The record's status is decided when the relay ends (``FINISH``); its usage
+may still need counting (the upstream never said it: ``_usage.bill``), which
+a task of its own does after the cut and the relay's end, bounded, while
+the client gets its answer; the record is written then. Nothing is counted
+on a request's way.
+
 Event loop only. What the exchange needs of the proxy comes in the
 constructor (``ExchangeContext``), never by reaching into it.
 """
@@ -30,20 +36,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.types import Receive, Send
 
 from wirecut.provider import ResponseLimits
 from wirecut.proxy._admission import Admission
-from wirecut.proxy._assemble import Tally
+from wirecut.proxy._counting import TokenCounter
 from wirecut.proxy._lifecycle import ExchangeEvent, ExchangeLifecycle, ExchangeState
 from wirecut.proxy._record import ProxyRecord, RecordReason
 from wirecut.proxy._relay import Outcome, RelayResult, relay
 from wirecut.proxy._request import ClientRequest
+from wirecut.proxy._tally import Tally
 from wirecut.proxy._upstream import Upstream
-from wirecut.proxy._wire import FINAL, error_body, error_event, send_body, send_json, send_start
+from wirecut.proxy._usage import bill, by_chunks, reported
+from wirecut.proxy._wire import FINAL, send_body, send_json, send_start
 from wirecut.scope import InterruptScope
 
 __all__ = ["Exchange", "ExchangeContext", "ExchangeState"]
@@ -64,15 +73,19 @@ _STREAM_HEADERS = {"cache-control": "no-cache"}
 
 @dataclass(frozen=True)
 class ExchangeContext:
-    """What an exchange needs of the proxy that runs it."""
+    """What an exchange needs of the proxy that runs it (one per upstream)."""
 
     upstream: Upstream
     admission: Admission
     request_timeout: float
     connect_retries: int
     limits: ResponseLimits
-    #: Called once with the exchange when its record is decided (it writes and counts it).
+    #: Called once with the exchange when its record is complete (it writes and counts it).
     finished: Callable[[Exchange], None]
+    #: The upstream's tokenizer, asked when a record needs counting (None: it has none).
+    counter: Callable[[], TokenCounter | None] = lambda: None
+    #: Parses a request body again (for its prompt), off the loop when it is large.
+    load: Callable[[bytes], Awaitable[dict[str, Any] | None]] | None = None
 
 
 class _Downstream:
@@ -93,22 +106,39 @@ class _Downstream:
 class Exchange:
     """One proxied completion request. Event loop only (see the module docstring)."""
 
-    def __init__(self, context: ExchangeContext, request_id: str, request: ClientRequest) -> None:
+    def __init__(
+        self,
+        context: ExchangeContext,
+        request_id: str,
+        request: ClientRequest,
+        *,
+        key: str | None = None,
+    ) -> None:
         self._context = context
         self.id = request_id
         self.request = request
+        self.key = key
+        self.dialect = request.upstream.dialect
         self.scope = InterruptScope(f"proxy-{request_id}")
         self.lifecycle = ExchangeLifecycle(request_id)
         self.reason: RecordReason | None = None
+        #: The record once it is complete (its usage counted), when ``finished`` is set.
         self.record: ProxyRecord | None = None
-        self.tally = Tally()
+        self.tally = Tally(self.dialect.texts)
         self.arrived_at = time.monotonic()
+        self.arrived_wall = time.time()
         self.admitted_at: float | None = None
         self.worker_exited_at: float | None = None  # the relay task ended
         self.finished = asyncio.Event()
         # Set by cancel(): ends the wait in the FIFO.
         self._stopped = asyncio.Event()
         self._relay: asyncio.Task[RelayResult] | None = None
+        self._decided: ProxyRecord | None = None  # the record, its usage not counted yet
+        self._recording: asyncio.Task[None] | None = None
+
+    @property
+    def upstream(self) -> Upstream:
+        return self._context.upstream
 
     @property
     def state(self) -> ExchangeState:
@@ -138,9 +168,12 @@ class Exchange:
         try:
             await self._serve(send)
         except asyncio.CancelledError:
-            # The server is tearing this task down: cut, and record it.
+            # The server is tearing this task down: cut, and record it now
+            # (no counting: the loop is stopping).
             self.cancel(RecordReason.SHUTDOWN)
-            self._finish(None)
+            if self._decide(None):
+                assert self._decided is not None
+                self._write(self._decided)
             raise
         finally:
             timer.cancel()
@@ -203,10 +236,43 @@ class Exchange:
             self.worker_exited_at = time.monotonic()
 
     def _finish(self, result: RelayResult | None) -> None:
-        """Decide the record, once, from the relay's result (None: it never ran or returned)."""
+        """Decide the record, and have its usage counted and it written (a task of its own)."""
+        if self._decide(result):
+            self._recording = asyncio.create_task(self._record(), name=f"wirecut-record-{self.id}")
+
+    async def _record(self) -> None:
+        """Count the usage if the upstream did not say it (bounded), then write the record."""
+        assert self._decided is not None
+        usage = reported(self.tally)
+        if usage is None:
+            context = self._context
+            try:
+                usage = await bill(
+                    self.tally,
+                    self.request.upstream,
+                    context.counter(),
+                    context.load or _no_body,
+                )
+            except Exception:  # A bug of ours must not lose the record.
+                _log.exception("the proxy failed counting the usage of %s", self.id)
+                usage = by_chunks(self.tally)
+        self._write(self._decided.with_usage(usage))
+
+    def _write(self, record: ProxyRecord) -> None:
+        self.record = record
+        self._context.finished(self)
+        self.finished.set()
+
+    def _decide(self, result: RelayResult | None) -> bool:
+        """Decide the record, once, from the relay's result (None: it never ran or returned).
+
+        False if it was decided already. The usage is the upstream's, or
+        counted by chunks until ``_record`` counts it better.
+        """
         old, _ = self.lifecycle.fire(ExchangeEvent.FINISH)
         if old is ExchangeState.DONE:
-            return
+            return False
+        now = time.monotonic()
         complete = result is not None and result.outcome is Outcome.COMPLETE
         reason = self.reason
         if (
@@ -219,20 +285,26 @@ class Exchange:
             )
         ):
             reason = RecordReason.UPSTREAM if reason is None else reason
-        admitted = self.admitted_at or time.monotonic()
-        self.record = ProxyRecord.build(
+        admitted = self.admitted_at or now
+        first = self.tally.first_token_at
+        self._decided = ProxyRecord.build(
             id=self.id,
             model=self.tally.model or self.request.model,
             stream=self.request.stream,
             complete=complete,
             reason=reason,
-            usage=self.tally.usage(),
+            usage=by_chunks(self.tally),
             queued_ms=(admitted - self.arrived_at) * 1000,
             scope=self.scope,
             worker_exited_at=self.worker_exited_at,
+            route=self.request.endpoint.route,
+            key=self.key,
+            upstream=self._context.upstream.base_url,
+            arrived_wall=self.arrived_wall,
+            duration_ms=(now - self.arrived_at) * 1000,
+            ttft_ms=None if first is None else (first - self.arrived_at) * 1000,
         )
-        self._context.finished(self)
-        self.finished.set()
+        return True
 
     async def _answer(self, send: Send, result: RelayResult | None, started: bool) -> None:
         """The end of the client's response, by outcome."""
@@ -249,24 +321,26 @@ class Exchange:
             await send_json(send, result.status_code, result.body, self.id, result.content_type)
             return
         message = result.error or "the upstream failed"
+        dialect = self.dialect
         if started:
             if not result.told_client:
-                await send_body(send, error_event(message, "upstream_error"), more=True)
+                await send_body(send, dialect.error_event(message, "upstream_error"), more=True)
             await send_body(send, b"")
         elif result.body:
             await send_json(send, 502, result.body, self.id)
         else:
-            await send_json(send, 502, error_body(message, "upstream_error"), self.id)
+            await send_json(send, 502, dialect.error_body(message, "upstream_error"), self.id)
 
     async def _answer_cut(self, send: Send, started: bool) -> None:
+        dialect = self.dialect
         if self.reason is None:
             # Nobody cut it and the relay gave nothing back: the proxy's own failure.
             message = "the proxy failed relaying this request; see its log"
             if started:
-                await send_body(send, error_event(message, "server_error"), more=True)
+                await send_body(send, dialect.error_event(message, "server_error"), more=True)
                 await send_body(send, b"")
             else:
-                await send_json(send, 500, error_body(message, "server_error"), self.id)
+                await send_json(send, 500, dialect.error_body(message, "server_error"), self.id)
             return
         answer = _CUT_ANSWERS.get(self.reason)
         if answer is None:
@@ -276,9 +350,13 @@ class Exchange:
             return
         status, type_, message = answer
         if started:
-            await send_body(send, error_event(message, type_, type_), more=True)
+            await send_body(send, dialect.error_event(message, type_, type_), more=True)
             await send_body(send, b"")
         else:
             extra = None if self.reason is RecordReason.SHUTDOWN else FINAL
-            body = error_body(message, type_, code=type_)
+            body = dialect.error_body(message, type_, code=type_)
             await send_json(send, status, body, self.id, extra=extra)
+
+
+async def _no_body(raw: bytes) -> dict[str, Any] | None:
+    return None

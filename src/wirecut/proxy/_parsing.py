@@ -19,11 +19,13 @@ import asyncio
 import concurrent.futures
 import multiprocessing
 import threading
+from typing import Any
 
-from wirecut.proxy._assemble import Endpoint
+from wirecut._json import JSONError, loads
+from wirecut.proxy._dialects import Endpoint
 from wirecut.proxy._request import BadRequest, ClientRequest, parse_request
 
-__all__ = ["ON_LOOP_BYTES", "BodyParser"]
+__all__ = ["ON_LOOP_BYTES", "BodyParser", "load_object"]
 
 #: The largest body parsed on the event loop, in bytes.
 ON_LOOP_BYTES = 64 * 1024
@@ -40,7 +42,12 @@ class BodyParser:
         self._turn = asyncio.Semaphore(1)
 
     async def parse(
-        self, raw: bytes, endpoint: Endpoint, request_id: str, default_model: str | None
+        self,
+        raw: bytes,
+        endpoint: Endpoint,
+        request_id: str,
+        default_model: str | None,
+        headers: tuple[tuple[str, str], ...] = (),
     ) -> ClientRequest:
         """The checked request, or ``BadRequest`` saying what is wrong with it.
 
@@ -48,11 +55,11 @@ class BodyParser:
         result; the worker finishes that parse and takes the next.
         """
         if len(raw) <= ON_LOOP_BYTES:
-            return parse_request(raw, endpoint, request_id, default_model)
+            return parse_request(raw, endpoint, request_id, default_model, headers)
         async with self._turn:
             executor = self._pool()
             future = asyncio.get_running_loop().run_in_executor(
-                executor, parse_request, raw, endpoint, request_id, default_model
+                executor, parse_request, raw, endpoint, request_id, default_model, headers
             )
             try:
                 return await future
@@ -61,6 +68,18 @@ class BodyParser:
                 raise BadRequest(
                     "the request body could not be parsed: the parser process ended"
                 ) from None
+
+    async def load(self, raw: bytes) -> dict[str, Any] | None:
+        """A JSON object parsed in the worker process (None: it is not one, or it failed).
+
+        For a body checked before, read again (a prompt to count after a cut).
+        """
+        try:
+            async with self._turn:
+                future = asyncio.get_running_loop().run_in_executor(self._pool(), load_object, raw)
+                return await future
+        except (concurrent.futures.process.BrokenProcessPool, BadRequest):
+            return None
 
     def close(self) -> None:
         """Stop the worker process, if one was started. Idempotent."""
@@ -85,3 +104,12 @@ class BodyParser:
             executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=True)
+
+
+def load_object(raw: bytes) -> dict[str, Any] | None:
+    """``raw`` as a JSON object; None if it is not one (run in the worker process)."""
+    try:
+        value = loads(raw)
+    except JSONError:
+        return None
+    return value if isinstance(value, dict) else None

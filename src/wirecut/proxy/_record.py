@@ -2,28 +2,31 @@
 
 The shape is fixed by docs/protocol.md ("The proxy"): the same facts as the
 console's ``complete``, made of the same parts (``wirecut.record``: the
-status, the usage, the unwind timeline), for one proxied request; only the
-reasons are the proxy's own. Built once per request, on the event loop, by
+status, the unwind timeline), for one proxied request; the reasons are the
+proxy's own, and so is the usage (``BilledUsage``: counts a team can bill,
+each saying where it came from). A record also says when the request
+arrived (wall clock), how long it took and its time to first token, so that
+it can be matched to a front-end's logs, and which client key and upstream
+served it. Built once per request, on the event loop, by
 ``ProxyRecord.build``; ``RecordLog`` (``_record_log``) writes it to
 ``DATA_DIR/proxy.jsonl``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import enum
-from dataclasses import dataclass
 from typing import Any
 
-from wirecut.provider import Usage
+from wirecut.proxy._usage import BilledUsage
 from wirecut.record import (
     WORKER_EXITED,
     Ending,
     Status,
     TimelineStep,
-    UsageFacts,
     decide,
     unwind_timeline,
-    usage_facts,
 )
 from wirecut.scope import InterruptScope, TimelineEvent
 
@@ -63,16 +66,19 @@ class RecordReason(enum.StrEnum):
         return Status.CANCELLED
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ProxyRecord:
     """One finished request (docs/protocol.md, "The proxy").
 
-    ``usage`` reuses the provider's ``Usage``: ``estimated`` is True when the
-    upstream sent no usage (it was cut first, or never sends it); the prompt
-    count is then unknown (``null`` on the wire) and the completion count is
-    the deltas received, one per token as llama.cpp and vLLM stream them.
-    ``timeline`` is the scope's unwind (``InterruptScope.timeline``) plus
-    ``worker_exited``, empty for a request that was not cut.
+    ``usage``: ``BilledUsage`` (the upstream's counts, or the proxy's,
+    marked ``estimated``). ``timeline`` is the scope's unwind
+    (``InterruptScope.timeline``) plus ``worker_exited``, empty for a
+    request that was not cut. ``arrived_at`` is the wall-clock time of the
+    request's arrival (ISO 8601, UTC); ``duration_ms`` runs from there to
+    the end of its relay (or of its wait, for one cut while queued);
+    ``ttft_ms`` to the first event that carried generated output (None:
+    none came). ``key`` names the client key it came with (None: no named
+    keys), ``upstream`` the upstream it was routed to, ``route`` the API.
     """
 
     id: str
@@ -80,10 +86,16 @@ class ProxyRecord:
     stream: bool
     status: Status
     reason: RecordReason | None
-    usage: UsageFacts
+    usage: BilledUsage
     queued_ms: float
     cancel_to_upstream_close_ms: float | None
     timeline: tuple[TimelineStep, ...]
+    route: str = "/v1/chat/completions"
+    key: str | None = None
+    upstream: str | None = None
+    arrived_at: str | None = None
+    duration_ms: float | None = None
+    ttft_ms: float | None = None
 
     @classmethod
     def build(
@@ -94,10 +106,16 @@ class ProxyRecord:
         stream: bool,
         complete: bool,
         reason: RecordReason | None,
-        usage: Usage,
+        usage: BilledUsage,
         queued_ms: float,
         scope: InterruptScope,
         worker_exited_at: float | None,
+        route: str = "/v1/chat/completions",
+        key: str | None = None,
+        upstream: str | None = None,
+        arrived_wall: float | None = None,
+        duration_ms: float | None = None,
+        ttft_ms: float | None = None,
     ) -> ProxyRecord:
         """The record of a request whose answer arrived whole (``complete``) or not.
 
@@ -115,19 +133,22 @@ class ProxyRecord:
             for step in steps:
                 if step.event == TimelineEvent.SOCKETS_SHUT:
                     close_ms = round(step.ms, 3)
-        counts = usage_facts(usage)
-        if usage.estimated:  # Counted from the deltas: the prompt's count never came.
-            counts = UsageFacts(None, counts.completion_tokens, counts.requests)
         return cls(
             id=id,
             model=model,
             stream=stream,
             status=status,
             reason=reason,
-            usage=counts,
+            usage=usage,
             queued_ms=round(queued_ms, 3),
             cancel_to_upstream_close_ms=close_ms,
             timeline=steps,
+            route=route,
+            key=key,
+            upstream=upstream,
+            arrived_at=None if arrived_wall is None else iso8601(arrived_wall),
+            duration_ms=None if duration_ms is None else round(duration_ms, 3),
+            ttft_ms=None if ttft_ms is None else round(ttft_ms, 3),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -142,4 +163,20 @@ class ProxyRecord:
             "queued_ms": self.queued_ms,
             "cancel_to_upstream_close_ms": self.cancel_to_upstream_close_ms,
             "timeline": [step.to_wire() for step in self.timeline],
+            "route": self.route,
+            "key": self.key,
+            "upstream": self.upstream,
+            "arrived_at": self.arrived_at,
+            "duration_ms": self.duration_ms,
+            "ttft_ms": self.ttft_ms,
         }
+
+    def with_usage(self, usage: BilledUsage) -> ProxyRecord:
+        """This record with ``usage`` (counted after the record was decided)."""
+        return dataclasses.replace(self, usage=usage)
+
+
+def iso8601(wall: float) -> str:
+    """``time.time()`` as ISO 8601 in UTC, to the millisecond (``2026-12-07T06:42:04.123Z``)."""
+    moment = datetime.datetime.fromtimestamp(wall, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")

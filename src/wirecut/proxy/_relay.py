@@ -9,10 +9,14 @@ wait on the client (a client that does not read) or on a retry's pause.
 The request always streams on the wire. A streaming client gets each event
 as it arrives (``Downstream``), only as fast as it reads: the upstream's
 socket is not read while a send to the client waits, so nothing piles up in
-the proxy. A client that asked for no stream gets the answer that
-``Assembler`` builds from the same events, in the ``RelayResult``. The
-stream's end is ``[DONE]``: the request ends there, whatever the upstream
-does after it (its connection is kept only if its body ended cleanly too).
+the proxy. A client that asked for no stream gets the answer that the API's
+assembler builds from the same events, in the ``RelayResult``. What an
+event means is the API's (``Dialect``): the stream's end is ``[DONE]`` for
+chat and text completions, the API's own last event for the Responses and
+Messages APIs; the request ends there, whatever the upstream does after it
+(its connection is kept only if its body ended cleanly too). Every byte of
+the answer is also kept (``Tally.transcript``), by reference, for counting
+it in tokens should the upstream never say its usage.
 
 Retries: only before the upstream has the request. A connect that fails (no
 byte of the request went out) is tried again, ``connect_retries`` times at
@@ -34,18 +38,17 @@ from starlette.types import Send
 
 from wirecut._json import JSONError, loads
 from wirecut.provider import ResponseLimits
-from wirecut.proxy._assemble import Assembler, Endpoint, Tally
+from wirecut.proxy._dialects import Dialect, Endpoint, Look, dialect_of
 from wirecut.proxy._eager import EagerSender
 from wirecut.proxy._events import (
-    DELTA,
     DONE,
     DONE_BLOCK,
-    PARSE,
     EventSplitter,
     EventTooLarge,
     encode,
     parse_block,
 )
+from wirecut.proxy._tally import Tally
 from wirecut.proxy._upstream import BodyTooLarge, Upstream, read_bounded
 from wirecut.scope import Interrupted, InterruptScope
 
@@ -104,6 +107,12 @@ class UpstreamRequest:
     stream: bool  # the client asked for a stream
     include_usage: bool  # the client asked for the usage chunk (stream_options)
     choices: int = 1  # how many choices the client asked for (n)
+    #: Request headers passed on as they came (Anthropic's version and beta flags).
+    headers: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def dialect(self) -> Dialect:
+        return dialect_of(self.endpoint)
 
 
 class Downstream(Protocol):
@@ -139,6 +148,10 @@ async def relay(
         if not state.sent:
             state.sent = True
             tally.requests += 1
+            if scope.cancelled:
+                # Counted, never hidden: it should not happen (the scope refuses
+                # to start a cut request, and shuts down one that is connecting).
+                tally.sent_after_cut = True
 
     state = _Sent()
     headers = [
@@ -146,6 +159,7 @@ async def relay(
         ("Content-Type", "application/json"),
         ("Accept", "text/event-stream"),
         ("X-Request-Id", request.id),
+        *request.headers,
     ]
     target = upstream.target(request.endpoint)
     try:
@@ -258,6 +272,7 @@ class _StreamRelay:
         most: int,
     ) -> None:
         self.request = request
+        self.dialect = request.dialect
         self.tally = tally
         self.most = most
         self.sender = EagerSender(send, response.pause_reading, response.resume_reading)
@@ -277,11 +292,13 @@ class _StreamRelay:
 
         It runs once per read of the upstream socket (a token, or a burst of
         them): it is what a relayed token costs, so it stays flat. A read
-        made only of plain ``data:`` events that need no parse (the usual
-        token) goes to the client as the very bytes that came.
+        made only of events that need no parse (the usual token) goes to the
+        client as the very bytes that came.
         """
         if self.ended.done():
             return
+        tally = self.tally
+        tally.transcript.feed(data)
         rest = self._rest
         buffer = rest + data if rest else data
         if b"\r" in buffer:
@@ -301,36 +318,38 @@ class _StreamRelay:
             return
         whole = not rest and buffer is data  # Sent as it came, if nothing below objects.
         out: list[bytes] = []
-        parse, delta, tally = PARSE.search, DELTA.search, self.tally
-        for block in blocks:
-            if block == DONE_BLOCK:
-                out.append(DONE_BLOCK)
-                self._push(_joined(out))
-                self._end(RelayResult(Outcome.COMPLETE))
-                return
-            if (
-                not self._first
-                and block.startswith(b"data: ")
-                and b"\n" not in block
-                and parse(block) is None
-            ):
-                if delta(block) is not None:
-                    tally.deltas += 1
-                out.append(block)
-                continue
-            self._first = False
-            ended = _look_closer(block, self.request, tally, out)
-            if ended is not None:
-                if out:
+        fast, deltas = self.dialect.fast, tally.deltas
+        try:
+            for block in blocks:
+                if block == DONE_BLOCK:
+                    out.append(DONE_BLOCK)
                     self._push(_joined(out))
-                self._end(ended)
-                return
-            whole = False
-        if out:
-            self._push(data if whole and len(out) == len(blocks) else _joined(out))
+                    self._end(self._done())
+                    return
+                if not self._first and fast(block, tally):
+                    out.append(block)
+                    continue
+                self._first = False
+                ended = _look_closer(block, self.request, tally, out)
+                if ended is not None:
+                    if out:
+                        self._push(_joined(out))
+                    self._end(ended)
+                    return
+                whole = False
+            if out:
+                self._push(data if whole and len(out) == len(blocks) else _joined(out))
+        finally:
+            if tally.deltas != deltas:
+                tally.first_token()
+
+    def _done(self) -> RelayResult:
+        if self.dialect.done_is_whole(self.tally, self.request.choices):
+            return RelayResult(Outcome.COMPLETE)
+        return RelayResult(Outcome.FAILED, error=_ENDED_EARLY)
 
     def end_of_body(self) -> None:
-        """The upstream's body ended without [DONE]: take the event it left open, if any."""
+        """The upstream's body ended without its last event: take the event it left open, if any."""
         rest = self._rest.strip(b"\r\n")
         out: list[bytes] = []
         if rest:
@@ -340,11 +359,12 @@ class _StreamRelay:
             if ended is not None:
                 self._end(ended)
                 return
-        if not self.tally.all_finished(self.request.choices):
+        if not self.dialect.whole(self.tally, self.request.choices):
             self._end(RelayResult(Outcome.FAILED, error=_ENDED_EARLY))
             return
-        # Finished without [DONE]: the client still gets its end.
-        self._push(_DONE_EVENT)
+        if self.request.endpoint in (Endpoint.CHAT, Endpoint.TEXT):
+            # Finished without [DONE]: the client still gets its end.
+            self._push(_DONE_EVENT)
         self._end(RelayResult(Outcome.COMPLETE))
 
 
@@ -363,23 +383,29 @@ def _look_closer(
     name, payload = event
     if payload == DONE:
         out.append(DONE_BLOCK)
-        return RelayResult(Outcome.COMPLETE)
+        if request.dialect.done_is_whole(tally, request.choices):
+            return RelayResult(Outcome.COMPLETE)
+        return RelayResult(Outcome.FAILED, error=_ENDED_EARLY)
     wire = encode(name, payload)[:-2]
     chunk = _chunk(payload)
-    if name == b"error" or (isinstance(chunk, dict) and "error" in chunk):
-        out.append(wire)
-        return _error_event(payload, chunk, told_client=True)
-    if isinstance(chunk, dict):
-        tally.add(chunk)
-        if (
-            not request.include_usage
-            and chunk.get("choices") == []
-            and chunk.get("usage") is not None
-        ):
-            return None  # The usage chunk the proxy asked for, not the client.
-    elif chunk is _TOO_DEEP:
+    if chunk is _TOO_DEEP:
         return RelayResult(Outcome.FAILED, error="the upstream sent an event nested too deeply")
+    if not isinstance(chunk, dict):
+        out.append(wire)
+        return None
+    before = tally.deltas
+    look = request.dialect.look(
+        None if name is None else name.decode("latin-1"), chunk, not request.include_usage, tally
+    )
+    if tally.deltas != before:
+        tally.first_token()
+    if look is Look.HIDE:
+        return None
     out.append(wire)
+    if look is Look.FAILED:
+        return _error_event(payload, chunk, told_client=True)
+    if look is Look.COMPLETE:
+        return RelayResult(Outcome.COMPLETE)
     return None
 
 
@@ -387,13 +413,18 @@ async def _assemble(
     response: Any, request: UpstreamRequest, tally: Tally, limits: ResponseLimits
 ) -> RelayResult:
     """Build the whole answer for a client that asked for no stream."""
-    assembler = Assembler(request.endpoint)
+    dialect = request.dialect
+    assembler = dialect.assembler()
     splitter = EventSplitter(limits.line_bytes)
     size = 0
     while True:
         data = await response.receive()
+        if data:
+            tally.transcript.feed(data)
         for name, payload, _ in splitter.feed(data) if data else splitter.end():
             if payload == DONE:
+                if not dialect.done_is_whole(tally, request.choices):
+                    return RelayResult(Outcome.FAILED, error=_ENDED_EARLY)
                 return RelayResult(Outcome.COMPLETE, body=_dumps(assembler.result()))
             size += len(payload)
             if size > limits.body_bytes:
@@ -402,23 +433,30 @@ async def _assemble(
                     error=f"the upstream's answer exceeds the {limits.body_bytes} bytes allowed",
                 )
             chunk = _chunk(payload)
-            if name == b"error" or (isinstance(chunk, dict) and "error" in chunk):
-                return _error_event(payload, chunk, told_client=False)
             if chunk is _TOO_DEEP:
                 return RelayResult(
                     Outcome.FAILED, error="the upstream sent an event nested too deeply"
                 )
-            if isinstance(chunk, dict):
-                tally.add(chunk)
-                assembler.add(chunk)
+            if not isinstance(chunk, dict):
+                continue
+            kind = None if name is None else name.decode("latin-1")
+            before = tally.deltas
+            look = dialect.look(kind, chunk, True, tally)
+            if tally.deltas != before:
+                tally.first_token()
+            if look is Look.FAILED:
+                return _error_event(payload, chunk, told_client=False)
+            assembler.add(kind or str(chunk.get("type") or ""), chunk)
+            if look is Look.COMPLETE:
+                return RelayResult(Outcome.COMPLETE, body=_dumps(assembler.result()))
         if not data:
             break
-    if not tally.all_finished(request.choices):
+    if not dialect.whole(tally, request.choices):
         return RelayResult(Outcome.FAILED, error=_ENDED_EARLY)
     return RelayResult(Outcome.COMPLETE, body=_dumps(assembler.result()))
 
 
-_ENDED_EARLY = "the upstream's stream ended before [DONE] or a finish_reason for every choice"
+_ENDED_EARLY = "the upstream's stream ended before its last event or a finish for every choice"
 _TOO_DEEP = object()
 
 
@@ -448,36 +486,25 @@ async def _whole(
         answer = loads(raw)
     except JSONError:
         return RelayResult(Outcome.FAILED, error=f"the upstream answered no JSON: {raw[:200]!r}")
-    if not isinstance(answer, dict) or not isinstance(answer.get("choices"), list):
+    dialect = request.dialect
+    if not dialect.look_whole(answer, tally):
         return RelayResult(
-            Outcome.FAILED, error=f"the upstream answered no completion: {raw[:200]!r}"
+            Outcome.FAILED, error=f"the upstream answered no {request.endpoint}: {raw[:200]!r}"
         )
-    tally.add({"model": answer.get("model"), "usage": answer.get("usage")})
-    for position, choice in enumerate(answer["choices"]):
-        if isinstance(choice, dict):
-            message = choice.get("message")
-            text = message.get("content") if isinstance(message, dict) else choice.get("text")
-            tally.deltas += bool(text)
-            index = choice.get("index", position)
-            tally.finished_choices.add(index if isinstance(index, int) else position)
+    if tally.deltas:
+        tally.first_token()
+    if dialect.whole_failed(answer):
+        return RelayResult(
+            Outcome.FAILED,
+            status_code=502,
+            body=raw,
+            error=f"the upstream's answer says it failed: {raw[:200]!r}",
+        )
     if not request.stream:
         return RelayResult(Outcome.COMPLETE, body=raw)
     await downstream.start()
-    chat = request.endpoint is Endpoint.CHAT
-    common = {key: answer.get(key) for key in ("id", "created", "model")}
-    common["object"] = "chat.completion.chunk" if chat else "text_completion"
-    out = []
-    for choice in answer["choices"]:
-        if not isinstance(choice, dict):
-            continue
-        part = {key: value for key, value in choice.items() if key != "message"}
-        if chat:
-            part["delta"] = choice.get("message") or {}
-        out.append(encode(None, _dumps({**common, "choices": [part]})))
-    if request.include_usage and answer.get("usage") is not None:
-        out.append(encode(None, _dumps({**common, "choices": [], "usage": answer["usage"]})))
-    out.append(_DONE_EVENT)
-    await downstream.send({"type": _BODY, "body": b"".join(out), "more_body": True})
+    events = dialect.whole_events(answer, request.include_usage)
+    await downstream.send({"type": _BODY, "body": events, "more_body": True})
     return RelayResult(Outcome.COMPLETE)
 
 

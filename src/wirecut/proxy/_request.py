@@ -1,13 +1,16 @@
 """A client's completion request, checked at the boundary and rewritten for the upstream.
 
-The proxy looks at a few fields only (``model``, ``stream``,
-``stream_options``, ``n``) and passes the rest as it came (``tools``,
-``response_format``, sampling ...): the upstream checks what it serves. The
-upstream request always streams, with usage asked for, whatever the client
-asked. A bad body is a ``BadRequest`` that names the field: not JSON,
-nested deeper than ``wirecut._json.MAX_DEPTH``, or holding a lone UTF-16
-surrogate (what a front-end sends after cutting a string in the middle of
-an emoji), which no upstream could be sent. Pure functions; call them from
+The proxy looks at a few fields only (``model``, ``stream``, and for chat
+and text completions ``stream_options`` and ``n``) and passes the rest as it
+came (``tools``, ``response_format``, sampling ...): the upstream checks
+what it serves. The upstream request always streams, with usage asked for
+(chat and text completions; the Responses and Messages APIs always report
+it), whatever the client asked. Each API's own required field is checked:
+``messages`` (chat, Messages), ``prompt`` (text), ``input`` (Responses). A
+bad body is a ``BadRequest`` that names the field: not JSON, nested deeper
+than ``wirecut._json.MAX_DEPTH``, or holding a lone UTF-16 surrogate (what
+a front-end sends after cutting a string in the middle of an emoji), which
+no upstream could be sent. Pure functions; call them from
 any thread or process.
 """
 
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from wirecut._json import JSONError, loads
-from wirecut.proxy._assemble import Endpoint
+from wirecut.proxy._dialects import Endpoint
 from wirecut.proxy._relay import UpstreamRequest
 
 __all__ = ["BadRequest", "ClientRequest", "check_request_id", "parse_request"]
@@ -49,6 +52,10 @@ class ClientRequest:
     stream: bool
     upstream: UpstreamRequest
 
+    @property
+    def endpoint(self) -> Endpoint:
+        return self.upstream.endpoint
+
 
 def check_request_id(value: str) -> str:
     """A client's ``X-Request-Id``, or ``BadRequest`` saying what it may be."""
@@ -60,9 +67,16 @@ def check_request_id(value: str) -> str:
 
 
 def parse_request(
-    raw: bytes, endpoint: Endpoint, request_id: str, default_model: str | None
+    raw: bytes,
+    endpoint: Endpoint,
+    request_id: str,
+    default_model: str | None,
+    headers: tuple[tuple[str, str], ...] = (),
 ) -> ClientRequest:
-    """Check ``raw`` as a body of ``endpoint`` and make its upstream request."""
+    """Check ``raw`` as a body of ``endpoint`` and make its upstream request.
+
+    ``headers`` go upstream as they came (see ``UpstreamRequest.headers``).
+    """
     try:
         body = loads(raw)
     except JSONError as exc:
@@ -78,20 +92,27 @@ def parse_request(
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     stream = _optional(body, "stream", bool, "a boolean") or False
-    options = _optional(body, "stream_options", dict, "an object") or {}
-    include_usage = bool(options.get("include_usage")) if stream else False
     model = _optional(body, "model", str, "a string")
     if model is None and default_model is not None:
         body["model"] = model = default_model
-    if endpoint is Endpoint.CHAT:
+    include_usage = False
+    choices = 1
+    if endpoint in (Endpoint.CHAT, Endpoint.MESSAGES):
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest("'messages' must be a non-empty array of message objects", "messages")
-    elif "prompt" not in body:
+    elif endpoint is Endpoint.TEXT and "prompt" not in body:
         raise BadRequest("'prompt' is required", "prompt")
-    choices = _optional(body, "n", int, "a whole number") or 1
-    body["stream"] = True
-    body["stream_options"] = {**options, "include_usage": True}
+    elif endpoint is Endpoint.RESPONSES and not isinstance(body.get("input"), str | list):
+        raise BadRequest("'input' must be a string or an array of input items", "input")
+    if endpoint in (Endpoint.CHAT, Endpoint.TEXT):
+        options = _optional(body, "stream_options", dict, "an object") or {}
+        include_usage = bool(options.get("include_usage")) if stream else False
+        choices = _optional(body, "n", int, "a whole number") or 1
+        body["stream"] = True
+        body["stream_options"] = {**options, "include_usage": True}
+    else:
+        body["stream"] = True
     try:
         encoded = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
     except UnicodeEncodeError as exc:
@@ -107,6 +128,7 @@ def parse_request(
         stream=stream,
         include_usage=include_usage,
         choices=max(choices, 1),
+        headers=headers,
     )
     return ClientRequest(model=model, stream=stream, upstream=upstream)
 

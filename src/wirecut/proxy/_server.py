@@ -2,7 +2,9 @@
 
 ``ProxyServer`` is for tests and benchmarks (its own thread and event loop;
 its methods are safe from any other thread); ``serve_forever`` is
-``wirecut proxy``: the main thread, until SIGINT or SIGTERM.
+``wirecut proxy``: the main thread, until SIGINT or SIGTERM, rereading its
+config and keys files on SIGHUP when it has them (the handler is installed
+for the run only and the previous one restored).
 
 The stop: uvicorn waits for the responses in flight before it runs the
 app's shutdown, and a stream may never end by itself; so the server first
@@ -13,7 +15,9 @@ hands over to uvicorn.
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Callable
+from types import FrameType
 from typing import Self
 
 import uvicorn
@@ -97,6 +101,10 @@ class ProxyServer(BackgroundServer):
     def address(self) -> tuple[str, int]:
         return self._thread.address
 
+    def reload(self, timeout: float = 10.0) -> bool:
+        """``Proxy.reload`` on the proxy's loop (what SIGHUP does to ``wirecut proxy``)."""
+        return asyncio.run_coroutine_threadsafe(self.proxy.reload(), self.loop).result(timeout)
+
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         """The event loop the proxy runs on (for ``asyncio.run_coroutine_threadsafe``)."""
@@ -105,18 +113,31 @@ class ProxyServer(BackgroundServer):
         return self.proxy.loop
 
 
-def serve_forever(proxy: Proxy, *, on_listening: Callable[[str], None]) -> int:
+def serve_forever(
+    proxy: Proxy, *, on_listening: Callable[[str], None], reload_on_sighup: bool = False
+) -> int:
     """``wirecut proxy``: serve in the main thread until SIGTERM or Ctrl+C; the exit code.
 
     ``on_listening`` gets the API base URL once connections are accepted.
+    With ``reload_on_sighup``, SIGHUP rereads the config and keys files
+    (``Proxy.reload``); main thread only.
     """
 
     def listening(host: str, port: int) -> None:
         on_listening(http_base(host, port) + "/v1")
 
+    def hangup(signum: int, frame: FrameType | None) -> None:
+        # Runs in the main thread, between two steps of the loop's own code:
+        # hand the reload to the loop rather than run it here.
+        if proxy.loop is not None:
+            proxy.loop.call_soon_threadsafe(proxy.request_reload)
+
     server = Server(_uvicorn_config(proxy), on_listening=listening, before_shutdown=proxy.shutdown)
+    previous = signal.signal(signal.SIGHUP, hangup) if reload_on_sighup else None
     try:
         server.run()
     finally:
+        if reload_on_sighup:
+            signal.signal(signal.SIGHUP, previous)
         proxy.close()
     return 0 if server.started else 1

@@ -12,9 +12,11 @@ errors, the banner, logs) is ``base_url``, which has none.
 
 ``probe()`` asks what the upstream is and how many slots it has: llama.cpp's
 ``/slots`` (the simulator's too) or ``/props``; vLLM's ``/metrics``; Ollama's
-``/api/version``. A connect that fails ends it at once (``unreachable``), a
-``503`` (llama.cpp loading its model) too (``loading``): neither is an answer
-to keep, and the proxy asks again until the upstream says (``Proxy``).
+``/api/version``; llama.cpp's answers are read as the provider layer reads
+them (``slots_in_listing``, ``slots_in_props``). A connect that fails ends it
+at once (``unreachable``), a ``503`` (llama.cpp loading its model) too
+(``loading``): neither is an answer to keep, and the proxy asks again until
+the upstream says (``Proxy``).
 Polling llama.cpp's ``/slots`` often delays its notice of closed clients, so
 an upstream that answered is not asked again.
 
@@ -34,6 +36,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import httpx
 
 from wirecut.http import AsyncH1Client, AsyncH1Response
+from wirecut.provider import slots_in_listing, slots_in_props
 from wirecut.scope import InterruptScope
 
 __all__ = [
@@ -127,19 +130,28 @@ class Upstream:
         #: The API base's path ("/v1"), and the server root's ("").
         self.prefix = parts.path.rstrip("/")
         self.root_prefix = urlsplit(self.root).path.rstrip("/")
-        self.headers: list[tuple[str, str]] = []
+        self._basic: str | None = None
         if parts.username is not None or parts.password is not None:
             user = unquote(parts.username or "")
             secret = unquote(parts.password or "")
             token = base64.b64encode(f"{user}:{secret}".encode()).decode("ascii")
-            self.headers.append(("Authorization", f"Basic {token}"))
-        elif api_key:
-            self.headers.append(("Authorization", f"Bearer {api_key}"))
+            self._basic = f"Basic {token}"
+        self.headers: list[tuple[str, str]] = []
+        self.authorize(api_key)
         # Shorter than the usual server keep-alive (5 s: uvicorn, llama.cpp),
         # so that a reused connection is not one the server is closing.
         self.client = AsyncH1Client(
             self.base_url, connect_timeout=connect_timeout, keepalive_expiry=2.0
         )
+
+    def authorize(self, api_key: str | None) -> None:
+        """Send ``api_key`` from now on (credentials in the URL go instead, if any)."""
+        if self._basic is not None:
+            self.headers = [("Authorization", self._basic)]
+        elif api_key:
+            self.headers = [("Authorization", f"Bearer {api_key}")]
+        else:
+            self.headers = []
 
     def target(self, path: str) -> str:
         """The request target of ``path`` under the API base (``chat/completions``)."""
@@ -168,20 +180,12 @@ class Upstream:
     async def probe(self) -> UpstreamInfo:
         """What the upstream is and how many slots it has (see the module docstring)."""
         try:
-            listing = _json(await self._probe_get("/slots"))
-            if (
-                isinstance(listing, list)
-                and listing
-                and all(isinstance(slot, dict) and "is_processing" in slot for slot in listing)
-            ):
-                return UpstreamInfo(UpstreamKind.LLAMA_CPP, len(listing), "/slots")
-            props = _json(await self._probe_get("/props"))
-            if isinstance(props, dict) and (
-                "total_slots" in props or "default_generation_settings" in props
-            ):
-                total = props.get("total_slots")
-                slots = total if isinstance(total, int) and total > 0 else None
-                return UpstreamInfo(UpstreamKind.LLAMA_CPP, slots, "/props" if slots else None)
+            listed = slots_in_listing(_json(await self._probe_get("/slots")))
+            if listed is not None:
+                return UpstreamInfo(UpstreamKind.LLAMA_CPP, listed, "/slots")
+            is_llama, total = slots_in_props(_json(await self._probe_get("/props")))
+            if is_llama:
+                return UpstreamInfo(UpstreamKind.LLAMA_CPP, total, "/props" if total else None)
             metrics = await self._probe_get("/metrics")
             if metrics is not None and b"vllm:" in metrics:
                 return UpstreamInfo(UpstreamKind.VLLM, None)
