@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from wirecut._content import content_text
 from wirecut._json import JSONError, loads
-from wirecut.proxy._content import content_text
 from wirecut.proxy._events import typed_event
 from wirecut.proxy._tally import Tally
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from wirecut.proxy._content import content_text
+from wirecut._content import content_text
 from wirecut.proxy._events import typed_event
 from wirecut.proxy._tally import Tally
 
