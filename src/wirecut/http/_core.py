@@ -1,8 +1,8 @@
 """The flavour-free building blocks of ``wirecut.http``, for the layers built on it.
 
 ``wirecut.adapters`` binds them to httpx2/httpcore2 (the openai SDK) and to
-urllib3 (requests); ``wirecut.provider`` validates its timeouts with
-``check_seconds``. Nothing here is public API.
+urllib3 (requests); ``wirecut.provider`` and ``wirecut.proxy`` validate
+their timeouts with ``check_seconds``. Nothing here is public API.
 """
 
 from wirecut.http._backend import (

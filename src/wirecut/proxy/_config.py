@@ -9,9 +9,7 @@ failure later in a request.
 
 from __future__ import annotations
 
-import math
 import re
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -19,6 +17,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from wirecut.http._core import check_seconds
 from wirecut.provider import ResponseLimits
 from wirecut.proxy._upstream import redact
 from wirecut.serving import ConnectionLimits
@@ -87,7 +86,7 @@ class UpstreamSpec:
         if len(set(self.models)) != len(self.models):
             raise ValueError(f"models names one model twice: {list(self.models)!r}")
         if self.timeout is not None:
-            _check_seconds("timeout", self.timeout)
+            check_seconds("timeout", self.timeout)
         object.__setattr__(self, "url", self.url.rstrip("/"))
         object.__setattr__(self, "models", tuple(self.models))
 
@@ -222,7 +221,7 @@ class ProxyConfig:
         ):
             raise ValueError(f"port must be 0-65535, not {self.port!r}")
         for name in ("request_timeout", "unwind_timeout", "connect_timeout"):
-            _check_seconds(name, getattr(self, name))
+            check_seconds(name, getattr(self, name))
         if (
             not isinstance(self.connect_retries, int)
             or isinstance(self.connect_retries, bool)
@@ -263,17 +262,6 @@ def check_keys(keys: tuple[ClientKey, ...]) -> None:
         raise ValueError("two keys have one name: give each key its own")
     if len({key.token for key in keys}) != len(keys):
         raise ValueError("two keys have one token: give each key its own")
-
-
-def _check_seconds(name: str, value: object) -> None:
-    ok = (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and 0 < value <= threading.TIMEOUT_MAX
-    )
-    if not ok:
-        raise ValueError(f"{name} must be a finite number of seconds > 0, not {value!r}")
 
 
 def _check_url(url: object) -> None:
