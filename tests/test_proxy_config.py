@@ -231,6 +231,13 @@ def test_a_bad_config_file_is_one_line_naming_the_file_and_where(
         assert word in message
 
 
+def test_a_bad_upstream_url_is_refused_without_showing_its_credentials() -> None:
+    with pytest.raises(ValueError, match="upstream must be an http:// or https:// URL") as caught:
+        UpstreamSpec("ftp://user:hunter2@host/v1")
+    assert "hunter2" not in str(caught.value)
+    assert "ftp://host/v1" in str(caught.value)
+
+
 def test_the_command_refuses_a_bad_config_in_one_line(tmp_path: Path) -> None:
     path = tmp_path / "proxy.toml"
     path.write_text('[[upstream]]\nurl = "http://a/v1"\nslots = "many"\n')

@@ -15,9 +15,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-import httpx
-
-from wirecut.http._core import check_seconds
+from wirecut.http._core import check_http_url, check_seconds
 from wirecut.provider import ResponseLimits
 from wirecut.proxy._upstream import redact
 from wirecut.serving import ConnectionLimits
@@ -58,7 +56,8 @@ class UpstreamSpec:
     timeout: float | None = None
 
     def __post_init__(self) -> None:
-        _check_url(self.url)
+        # Credentials in the URL are never shown.
+        check_http_url("upstream", self.url, shown=redact)
         if self.api_key and "@" in urlsplit(self.url).netloc:
             raise ValueError(
                 "the upstream URL carries credentials (user:password@) and an API key was "
@@ -262,16 +261,3 @@ def check_keys(keys: tuple[ClientKey, ...]) -> None:
         raise ValueError("two keys have one name: give each key its own")
     if len({key.token for key in keys}) != len(keys):
         raise ValueError("two keys have one token: give each key its own")
-
-
-def _check_url(url: object) -> None:
-    what = "upstream must be an http:// or https:// URL with a host"
-    if not isinstance(url, str):
-        raise ValueError(f"{what}, not {url!r}")
-    shown = redact(url)  # Credentials in it are never shown.
-    try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL as exc:
-        raise ValueError(f"{what}, not {shown!r} ({exc})") from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ValueError(f"{what}, not {shown!r}")
