@@ -4,7 +4,8 @@ Tests never sleep to wait for something: they wait on an event, a condition
 or a process with one of these bounds, which only a failing test reaches.
 When there is no event to wait on (another process's state), ``until`` and
 ``eventually`` poll a condition. ``run_wirecut`` runs the command line as a
-user does, and the two ``assert_*`` check how it fails.
+user does, and the two ``assert_*`` check how it fails; ``file_refused``
+how a loader refuses a bad file.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 __all__ = [
     "BOUND",
@@ -21,6 +25,7 @@ __all__ = [
     "assert_one_line_failure",
     "assert_usage_error",
     "eventually",
+    "file_refused",
     "run_wirecut",
     "until",
 ]
@@ -81,3 +86,20 @@ def assert_one_line_failure(result: subprocess.CompletedProcess[str], *words: st
     assert "Traceback" not in result.stderr
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert all(word in result.stderr for word in words), result.stderr
+
+
+def file_refused(
+    load: Callable[[Path], object], path: Path, text: str, error: type[Exception], *words: str
+) -> str:
+    """How ``load`` refuses ``text`` written to ``path``: ``error``, one line naming ``words``.
+
+    The line starts with the path; it is returned for further checks.
+    """
+    path.write_text(text)
+    with pytest.raises(error) as caught:
+        load(path)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(str(path))
+    assert all(word in message for word in words), message
+    return message

@@ -35,7 +35,7 @@ import pytest
 from _loopback import Exchange, LoopbackServer
 from _support import BOUND
 from wirecut.proxy import ProxyConfig, ProxyServer
-from wirecut.simulator import EventKind, SimConfig, SimulatorServer
+from wirecut.simulator import EventKind, SimConfig, SimEvent, SimulatorServer
 
 MESSAGES = [{"role": "user", "content": "tell me a long story"}]
 FAST = SimConfig(slots=2, tokens_per_second=200, prompt_ms=5, reply_tokens=8)
@@ -147,6 +147,23 @@ def prompt_tokens(
 
 def event_names(record: dict[str, Any]) -> list[str]:
     return [step["event"] for step in record["timeline"]]
+
+
+def leave_in(
+    setup: Setup, phase: str, payload: dict[str, Any], path: str = "/v1/chat/completions"
+) -> SimEvent:
+    """Send ``payload`` and close the connection once the upstream is in ``phase``.
+
+    ``phase``: "prompt" (a slot was taken) or "decode" (the first token).
+    Returns the upstream's ``PEER_CLOSED`` event, after its slot was freed.
+    """
+    conn = post(setup.proxy.port, payload, path=path)
+    waited = EventKind.SLOT_ACQUIRED if phase == "prompt" else EventKind.FIRST_TOKEN
+    reached = setup.sim.wait_for_event(waited, timeout=BOUND)
+    conn.close()
+    closed = setup.sim.wait_for_event(EventKind.PEER_CLOSED, reached.request_id, timeout=BOUND)
+    setup.sim.wait_for_event(EventKind.SLOT_FREED, reached.request_id, timeout=BOUND)
+    return closed
 
 
 # -- OpenAI-compatible ------------------------------------------------------------------
@@ -431,12 +448,7 @@ def test_a_client_leaving_cuts_its_upstream_request_and_frees_the_slot(
     # only when it has a token to send.
     sim = SimConfig(slots=1, tokens_per_second=100, prompt_ms=600, endless=True)
     with proxied(tmp_path, sim) as setup:
-        conn = post(setup.proxy.port, chat(stream=stream))
-        waited = EventKind.SLOT_ACQUIRED if phase == "prompt" else EventKind.FIRST_TOKEN
-        reached = setup.sim.wait_for_event(waited, timeout=BOUND)
-        conn.close()
-        closed = setup.sim.wait_for_event(EventKind.PEER_CLOSED, reached.request_id, timeout=BOUND)
-        setup.sim.wait_for_event(EventKind.SLOT_FREED, reached.request_id, timeout=BOUND)
+        closed = leave_in(setup, phase, chat(stream=stream))
         record = setup.record()
         assert all(slot["is_processing"] is False for slot in setup.sim.slots())
         assert len(setup.sim.requests()) == 1  # Not retried after the client left.

@@ -27,6 +27,7 @@ from test_proxy import (
     ENDLESS,
     FAST,
     event_names,
+    leave_in,
     post,
     prompt_tokens,
     proxied,
@@ -181,12 +182,7 @@ def test_a_client_leaving_cuts_the_upstream_in_every_api_and_phase(
 ) -> None:
     sim = SimConfig(slots=1, tokens_per_second=100, prompt_ms=600, endless=True)
     with proxied(tmp_path, sim) as setup:
-        conn = post(setup.proxy.port, body_for(route, stream=stream), path=route)
-        waited = EventKind.SLOT_ACQUIRED if phase == "prompt" else EventKind.FIRST_TOKEN
-        reached = setup.sim.wait_for_event(waited, timeout=BOUND)
-        conn.close()
-        closed = setup.sim.wait_for_event(EventKind.PEER_CLOSED, reached.request_id, timeout=BOUND)
-        setup.sim.wait_for_event(EventKind.SLOT_FREED, reached.request_id, timeout=BOUND)
+        closed = leave_in(setup, phase, body_for(route, stream=stream), route)
         record = setup.record()
         (upstream,) = setup.sim.requests()  # Not retried after the client left.
         reported = prompt_tokens(setup.sim, body_for(route), route.removeprefix("/v1/"))

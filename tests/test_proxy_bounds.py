@@ -67,6 +67,25 @@ def posts(upstream: LoopbackServer) -> list[Any]:
     return [r for r in upstream.requests if r.method == "POST"]
 
 
+def slow_reader(port: int, head: bytes = b"") -> socket.socket:
+    """A raw client with a small receive buffer that sent a streaming chat (``head``: headers).
+
+    The buffer is set before the connect, so the window it offers is small:
+    the proxy's sends to it block soon unless it reads.
+    """
+    conn = socket.socket()
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    conn.connect(("127.0.0.1", port))
+    body = json.dumps(chat(stream=True)).encode()
+    conn.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        + head
+        + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+        + body
+    )
+    return conn
+
+
 # -- one body must not freeze the proxy ---------------------------------------------------------
 
 
@@ -171,14 +190,7 @@ def test_a_client_that_stops_reading_holds_no_answer_and_cancel_by_id_cuts_it(
         ex.end_chunked()
 
     with behind(flood, tmp_path) as (upstream, setup):
-        conn = socket.socket()
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        conn.connect(("127.0.0.1", setup.proxy.port))
-        body = json.dumps(chat(stream=True)).encode()
-        conn.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Request-Id: slow\r\n"
-            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
-        )
+        conn = slow_reader(setup.proxy.port, b"X-Request-Id: slow\r\n")
         assert stalled.wait(BOUND)  # The upstream waits for the proxy, which waits for us.
         answer = httpx.post(setup.proxy.base_url + "/requests/slow/cancel", timeout=BOUND)
         assert upstream.wait_closes(1, BOUND)
@@ -193,14 +205,7 @@ def test_a_client_that_reads_slowly_gets_the_whole_stream_in_order(tmp_path: Pat
     events = [chunk(f"{n:06d}" + "z" * 2000) for n in range(3000)]
 
     with behind(lambda ex: ex.sse(events), tmp_path) as (_, setup):
-        conn = socket.socket()
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        conn.connect(("127.0.0.1", setup.proxy.port))
-        body = json.dumps(chat(stream=True)).encode()
-        conn.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
-        )
+        conn = slow_reader(setup.proxy.port)
         conn.settimeout(BOUND)
         status, _, raw = read_response(conn)
         conn.close()
@@ -533,14 +538,7 @@ def test_a_client_that_stops_reading_is_cut_after_the_send_timeout(tmp_path: Pat
 
     config = {"connection_limits": limits(send_timeout=0.5)}
     with behind(endless, tmp_path, **config) as (upstream, setup):
-        conn = socket.socket()
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        conn.connect(("127.0.0.1", setup.proxy.port))
-        body = json.dumps(chat(stream=True)).encode()
-        conn.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
-        )
+        conn = slow_reader(setup.proxy.port)
         assert upstream.wait_closes(1, BOUND)  # We never read: the proxy gave up on us.
         record = setup.record()
         conn.close()

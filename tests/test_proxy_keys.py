@@ -15,16 +15,13 @@ import httpx
 import openai
 import pytest
 
-from _support import assert_usage_error, run_wirecut
-from test_proxy import BOUND, FAST, MESSAGES, Setup, chat
+from _support import assert_usage_error, file_refused, run_wirecut
+from test_proxy import BOUND, MESSAGES, chat, proxied
 from wirecut.proxy import (
     ClientKey,
     KeysFileError,
-    ProxyConfig,
-    ProxyServer,
     load_keys_file,
 )
-from wirecut.simulator import SimulatorServer
 
 KEYS = "# the team\nalice sk-alice-1\n\nbob   sk-bob-2\n"
 
@@ -49,54 +46,39 @@ def test_a_keys_file_is_read_line_by_line_skipping_blanks_and_comments(tmp_path:
 def test_a_bad_keys_file_is_one_line_naming_the_file_and_never_a_token(
     tmp_path: Path, text: str, words: list[str]
 ) -> None:
-    path = tmp_path / "keys"
-    path.write_text(text)
-    with pytest.raises(KeysFileError) as caught:
-        load_keys_file(path)
-    message = str(caught.value)
-    assert "\n" not in message
-    assert message.startswith(str(path))
-    assert all(word in message for word in words)
+    message = file_refused(load_keys_file, tmp_path / "keys", text, KeysFileError, *words)
     assert "sk-" not in message
 
 
 def test_each_key_is_known_by_its_name_in_records_and_metrics(tmp_path: Path) -> None:
     path = tmp_path / "keys"
     path.write_text(KEYS)
-    with SimulatorServer(FAST) as sim:
-        config = ProxyConfig(
-            upstream=sim.base_url,
-            port=0,
-            data_dir=tmp_path,
-            keys=load_keys_file(path),
-            keys_file=path,
+    with proxied(tmp_path, keys=load_keys_file(path), keys_file=path) as setup:
+        sim, proxy = setup.sim, setup.proxy
+        alice = openai.OpenAI(base_url=proxy.base_url, api_key="sk-alice-1", max_retries=0)
+        alice.with_options(default_headers={"X-Request-Id": "a"}).chat.completions.create(
+            model="m",
+            messages=MESSAGES,  # type: ignore[arg-type]
         )
-        with ProxyServer(config) as proxy:
-            setup = Setup(sim, proxy, tmp_path)
-            alice = openai.OpenAI(base_url=proxy.base_url, api_key="sk-alice-1", max_retries=0)
-            alice.with_options(default_headers={"X-Request-Id": "a"}).chat.completions.create(
-                model="m",
-                messages=MESSAGES,  # type: ignore[arg-type]
-            )
-            bob = anthropic.Anthropic(
-                base_url=proxy.url,
-                api_key=None,
-                auth_token=None,
-                default_headers={"x-api-key": "sk-bob-2", "X-Request-Id": "b"},
-                max_retries=0,
-            )
-            bob.messages.create(model="m", max_tokens=5, messages=MESSAGES)  # type: ignore[arg-type]
-            stranger = httpx.post(
-                proxy.base_url + "/chat/completions",
-                json=chat(),
-                headers={"Authorization": "Bearer sk-nobody"},
-                timeout=BOUND,
-            )
-            records = {r: setup.record(r) for r in ("a", "b")}
-            metrics = httpx.get(
-                proxy.url + "/metrics", headers={"x-api-key": "sk-alice-1"}, timeout=BOUND
-            ).text
-            reached = len(sim.requests())
+        bob = anthropic.Anthropic(
+            base_url=proxy.url,
+            api_key=None,
+            auth_token=None,
+            default_headers={"x-api-key": "sk-bob-2", "X-Request-Id": "b"},
+            max_retries=0,
+        )
+        bob.messages.create(model="m", max_tokens=5, messages=MESSAGES)  # type: ignore[arg-type]
+        stranger = httpx.post(
+            proxy.base_url + "/chat/completions",
+            json=chat(),
+            headers={"Authorization": "Bearer sk-nobody"},
+            timeout=BOUND,
+        )
+        records = {r: setup.record(r) for r in ("a", "b")}
+        metrics = httpx.get(
+            proxy.url + "/metrics", headers={"x-api-key": "sk-alice-1"}, timeout=BOUND
+        ).text
+        reached = len(sim.requests())
     assert records["a"]["key"] == "alice"
     assert records["b"]["key"] == "bob"
     assert stranger.status_code == 401
@@ -114,23 +96,20 @@ def test_each_key_is_known_by_its_name_in_records_and_metrics(tmp_path: Path) ->
 def test_a_reload_takes_new_keys_and_drops_old_ones(tmp_path: Path) -> None:
     path = tmp_path / "keys"
     path.write_text(KEYS)
-    with SimulatorServer(FAST) as sim:
-        config = ProxyConfig(
-            upstream=sim.base_url, port=0, keys=load_keys_file(path), keys_file=path
-        )
-        with ProxyServer(config) as proxy:
+    with proxied(tmp_path, keys=load_keys_file(path), keys_file=path) as setup:
+        proxy = setup.proxy
 
-            def status(token: str) -> int:
-                headers = {"Authorization": f"Bearer {token}"}
-                return httpx.get(proxy.url + "/health", headers=headers, timeout=BOUND).status_code
+        def status(token: str) -> int:
+            headers = {"Authorization": f"Bearer {token}"}
+            return httpx.get(proxy.url + "/health", headers=headers, timeout=BOUND).status_code
 
-            before = (status("sk-bob-2"), status("sk-carol-3"))
-            path.write_text("alice sk-alice-1\ncarol sk-carol-3\n")
-            assert proxy.reload() is True
-            after = (status("sk-bob-2"), status("sk-carol-3"))
-            path.write_text("carol\n")  # A broken file: the keys in force stay.
-            assert proxy.reload() is False
-            kept = status("sk-carol-3")
+        before = (status("sk-bob-2"), status("sk-carol-3"))
+        path.write_text("alice sk-alice-1\ncarol sk-carol-3\n")
+        assert proxy.reload() is True
+        after = (status("sk-bob-2"), status("sk-carol-3"))
+        path.write_text("carol\n")  # A broken file: the keys in force stay.
+        assert proxy.reload() is False
+        kept = status("sk-carol-3")
     assert before == (200, 401)
     assert after == (401, 200)
     assert kept == 200

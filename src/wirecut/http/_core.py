@@ -1,8 +1,9 @@
 """The flavour-free building blocks of ``wirecut.http``, for the layers built on it.
 
 ``wirecut.adapters`` binds them to httpx2/httpcore2 (the openai SDK) and to
-urllib3 (requests); ``wirecut.provider`` validates its timeouts with
-``check_seconds``. Nothing here is public API.
+urllib3 (requests); ``wirecut.provider`` and ``wirecut.proxy`` validate
+their timeouts with ``check_seconds`` and their base URLs with
+``check_http_url``. Nothing here is public API.
 """
 
 from wirecut.http._backend import (
@@ -22,6 +23,7 @@ from wirecut.http._transport import (
     ScopedTransportCore,
     scoped_client,
 )
+from wirecut.http._url import check_http_url
 
 __all__ = [
     "PerScope",
@@ -30,6 +32,7 @@ __all__ = [
     "ScopedStreamCore",
     "ScopedTransportCore",
     "SocketHold",
+    "check_http_url",
     "check_seconds",
     "httpcore_flavour",
     "require_private",

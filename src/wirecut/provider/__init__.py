@@ -10,7 +10,7 @@ the provider has slots (``provider_slots`` asks llama.cpp how many): the
 others wait in line, and one cancelled there never reaches the provider.
 """
 
-from wirecut.provider._admission import AdmissionLine, SlotGate
+from wirecut.provider._admission import AdmissionHost, AdmissionLine, SlotGate
 from wirecut.provider._chat_client import ChatClient, ClientState
 from wirecut.provider._errors import (
     ProviderConnectionError,
@@ -33,6 +33,7 @@ from wirecut.provider._sse import ServerSentEvent, SseDecoder, iter_lines, iter_
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
+    "AdmissionHost",
     "AdmissionLine",
     "Chat",
     "ChatClient",

@@ -7,9 +7,9 @@ work is cancelled while it waits leaves the line and never reaches the provider.
 
 ``AdmissionLine`` is the line's bookkeeping and does no waiting of its own:
 who is in flight, who waits in which order, who gets a freed place. A host
-wraps it in its own way of waiting: ``SlotGate`` here, for worker threads
-(the wait is the bound scope's, so a cancel ends it), and an event loop's
-futures for a server on asyncio.
+wraps it in its own way of waiting (an ``AdmissionHost``): ``SlotGate``
+here, for worker threads (the wait is the bound scope's, so a cancel ends
+it), and an event loop's futures for a server on asyncio.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Generic, TypeVar
 import wirecut.scope as ws
 from wirecut.provider._slots import SlotCount
 
-__all__ = ["AdmissionLine", "SlotGate"]
+__all__ = ["AdmissionHost", "AdmissionLine", "SlotGate"]
 
 W = TypeVar("W")
 
@@ -109,7 +109,30 @@ class AdmissionLine(Generic[W]):
         return admitted
 
 
-class SlotGate:
+class AdmissionHost(Generic[W]):
+    """The base of a host of an ``AdmissionLine`` (its way of waiting): the line and its counts.
+
+    The counts are single reads, for people and metrics: safe from any
+    thread, and as fresh as the read.
+    """
+
+    def __init__(self, slots: int | None) -> None:
+        self._line: AdmissionLine[W] = AdmissionLine(slots)
+
+    @property
+    def slots(self) -> int | None:
+        return self._line.slots
+
+    @property
+    def in_flight(self) -> int:
+        return self._line.in_flight
+
+    @property
+    def queued(self) -> int:
+        return self._line.queued
+
+
+class SlotGate(AdmissionHost[threading.Event]):
     """At most ``slots`` requests at once through the gate (None: unlimited), the rest in line.
 
     Safe to share between threads and to call from any of them. Wrap each
@@ -137,7 +160,7 @@ class SlotGate:
         # One lock for the line: taken for a few operations at a time, never
         # while waiting or while talking to the provider.
         self._lock = threading.Lock()
-        self._line: AdmissionLine[threading.Event] = AdmissionLine(slots)
+        super().__init__(slots)
         self._learn = learn
         self._relearn_interval = relearn_interval
         self._settled = learn is None
@@ -145,18 +168,6 @@ class SlotGate:
         self._learning = False
         #: Where the slot count came from, for people ("/slots", "the embedded server").
         self.source = source
-
-    @property
-    def slots(self) -> int | None:
-        return self._line.slots
-
-    @property
-    def in_flight(self) -> int:
-        return self._line.in_flight
-
-    @property
-    def queued(self) -> int:
-        return self._line.queued
 
     @property
     def settled(self) -> bool:

@@ -22,7 +22,7 @@ import httpx
 import wirecut.http
 import wirecut.scope as ws
 from wirecut import _json
-from wirecut.http._core import check_seconds
+from wirecut.http._core import check_http_url, check_seconds
 from wirecut.provider._accumulator import ChatAccumulator
 from wirecut.provider._admission import SlotGate
 from wirecut.provider._errors import (
@@ -113,7 +113,7 @@ class ChatClient:
         read_interval: float = 0.0,
         admission: SlotGate | None = None,
     ) -> None:
-        _check_base_url(base_url)
+        check_http_url("base_url", base_url)
         check_seconds("timeout", timeout)
         check_seconds("connect_timeout", connect_timeout)
         if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
@@ -403,18 +403,6 @@ def _retry_after(value: str | None) -> float | None:
     if math.isnan(seconds):
         return None
     return min(max(seconds, 0.0), MAX_RETRY_AFTER)
-
-
-def _check_base_url(base_url: object) -> None:
-    what = "base_url must be an http:// or https:// URL with a host"
-    if not isinstance(base_url, str):
-        raise ValueError(f"{what}, not {base_url!r}")
-    try:
-        url = httpx.URL(base_url)
-    except httpx.InvalidURL as exc:
-        raise ValueError(f"{what}, not {base_url!r} ({exc})") from None
-    if url.scheme not in ("http", "https") or not url.host:
-        raise ValueError(f"{what}, not {base_url!r}")
 
 
 def _backoff(attempt: int) -> float:

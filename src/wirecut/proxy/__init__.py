@@ -16,7 +16,7 @@ Host/Origin/key checks), ``_proxy`` (the shared state, reload),
 ``_routing`` (the upstreams and a model's way), ``_exchange`` (one
 request's life) and ``_lifecycle`` (its states), ``_admission`` (the FIFO,
 on ``wirecut.provider.AdmissionLine``), ``_relay`` (the upstream request),
-``_dialects`` (the four APIs: ``_responses``, ``_messages``, ``_content``),
+``_dialects`` (the four APIs: ``_responses``, ``_messages``),
 ``_events`` (the stream's events), ``_assemble`` (the chat non-stream
 answer), ``_tally`` (what the upstream produced), ``_usage`` and
 ``_counting`` (billable usage, the upstream's tokenizer), ``_request`` (the

@@ -17,33 +17,18 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from wirecut.provider import AdmissionLine
+from wirecut.provider import AdmissionHost
 
 __all__ = ["Admission"]
 
 
-class Admission:
+class Admission(AdmissionHost[asyncio.Future[None]]):
     """An ``AdmissionLine`` of ``slots`` places (None: unlimited) whose waiters are futures.
 
     A freed place goes straight to the oldest waiter, so a newcomer never
     overtakes the queue; a waiter that gives up leaves the queue, and a place
     handed to it meanwhile goes to the next one.
     """
-
-    def __init__(self, slots: int | None) -> None:
-        self._line: AdmissionLine[asyncio.Future[None]] = AdmissionLine(slots)
-
-    @property
-    def slots(self) -> int | None:
-        return self._line.slots
-
-    @property
-    def in_flight(self) -> int:
-        return self._line.in_flight
-
-    @property
-    def queued(self) -> int:
-        return self._line.queued
 
     async def enter(self, give_up: asyncio.Event) -> bool:
         """Take a place (waiting in line for one); False if ``give_up`` was set first.

@@ -9,16 +9,13 @@ failure later in a request.
 
 from __future__ import annotations
 
-import math
 import re
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-import httpx
-
+from wirecut.http._core import check_http_url, check_seconds
 from wirecut.provider import ResponseLimits
 from wirecut.proxy._upstream import redact
 from wirecut.serving import ConnectionLimits
@@ -59,7 +56,8 @@ class UpstreamSpec:
     timeout: float | None = None
 
     def __post_init__(self) -> None:
-        _check_url(self.url)
+        # Credentials in the URL are never shown.
+        check_http_url("upstream", self.url, shown=redact)
         if self.api_key and "@" in urlsplit(self.url).netloc:
             raise ValueError(
                 "the upstream URL carries credentials (user:password@) and an API key was "
@@ -87,7 +85,7 @@ class UpstreamSpec:
         if len(set(self.models)) != len(self.models):
             raise ValueError(f"models names one model twice: {list(self.models)!r}")
         if self.timeout is not None:
-            _check_seconds("timeout", self.timeout)
+            check_seconds("timeout", self.timeout)
         object.__setattr__(self, "url", self.url.rstrip("/"))
         object.__setattr__(self, "models", tuple(self.models))
 
@@ -222,7 +220,7 @@ class ProxyConfig:
         ):
             raise ValueError(f"port must be 0-65535, not {self.port!r}")
         for name in ("request_timeout", "unwind_timeout", "connect_timeout"):
-            _check_seconds(name, getattr(self, name))
+            check_seconds(name, getattr(self, name))
         if (
             not isinstance(self.connect_retries, int)
             or isinstance(self.connect_retries, bool)
@@ -263,27 +261,3 @@ def check_keys(keys: tuple[ClientKey, ...]) -> None:
         raise ValueError("two keys have one name: give each key its own")
     if len({key.token for key in keys}) != len(keys):
         raise ValueError("two keys have one token: give each key its own")
-
-
-def _check_seconds(name: str, value: object) -> None:
-    ok = (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and 0 < value <= threading.TIMEOUT_MAX
-    )
-    if not ok:
-        raise ValueError(f"{name} must be a finite number of seconds > 0, not {value!r}")
-
-
-def _check_url(url: object) -> None:
-    what = "upstream must be an http:// or https:// URL with a host"
-    if not isinstance(url, str):
-        raise ValueError(f"{what}, not {url!r}")
-    shown = redact(url)  # Credentials in it are never shown.
-    try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL as exc:
-        raise ValueError(f"{what}, not {shown!r} ({exc})") from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ValueError(f"{what}, not {shown!r}")

@@ -23,14 +23,13 @@ Pure; one dialect object per API, shared by every request (no state).
 from __future__ import annotations
 
 import enum
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from wirecut.proxy import _messages, _responses
 from wirecut.proxy._assemble import Assembler
-from wirecut.proxy._events import DELTA, PARSE
+from wirecut.proxy._events import DELTA, PARSE, dumps, encode, typed_event
 from wirecut.proxy._tally import Tally
 
 __all__ = ["Dialect", "Endpoint", "EventAssembler", "Look", "Prompt", "dialect_of"]
@@ -188,9 +187,9 @@ class Dialect:
             part = {key: value for key, value in choice.items() if key != "message"}
             if chat:
                 part["delta"] = choice.get("message") or {}
-            out.append(_event(None, {**common, "choices": [part]}))
+            out.append(encode(None, dumps({**common, "choices": [part]})))
         if include_usage and answer.get("usage") is not None:
-            out.append(_event(None, {**common, "choices": [], "usage": answer["usage"]}))
+            out.append(encode(None, dumps({**common, "choices": [], "usage": answer["usage"]})))
         out.append(b"data: [DONE]\n\n")
         return b"".join(out)
 
@@ -201,7 +200,7 @@ class Dialect:
     ) -> bytes:
         """OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``."""
         error = {"message": message, "type": type_, "param": param, "code": code}
-        return _dumps({"error": error})
+        return dumps({"error": error})
 
     def error_event(self, message: str, type_: str, code: str | None = None) -> bytes:
         """The same error as the last event of a stream (the openai SDK raises it)."""
@@ -276,8 +275,7 @@ class _ResponsesDialect(_NamedDialect):
 
     def error_event(self, message: str, type_: str, code: str | None = None) -> bytes:
         # The Responses API's own error event (the SDK yields it as an ``error`` event).
-        data = {"type": "error", "code": code or type_, "message": message, "param": None}
-        return b"event: error\ndata: " + _dumps(data) + b"\n\n"
+        return typed_event("error", code=code or type_, message=message, param=None)
 
 
 class _MessagesDialect(_NamedDialect):
@@ -306,10 +304,10 @@ class _MessagesDialect(_NamedDialect):
     ) -> bytes:
         """Anthropic's error object: ``{"type": "error", "error": {"type", "message"}}``."""
         kind = _ANTHROPIC_TYPES.get(type_, type_)
-        return _dumps({"type": "error", "error": {"type": kind, "message": message}})
+        return dumps({"type": "error", "error": {"type": kind, "message": message}})
 
     def error_event(self, message: str, type_: str, code: str | None = None) -> bytes:
-        return b"event: error\ndata: " + self.error_body(message, type_) + b"\n\n"
+        return encode(b"error", self.error_body(message, type_))
 
 
 # The proxy's error types where Anthropic's API names them differently.
@@ -352,16 +350,7 @@ def _message_texts(message: dict[str, Any]) -> list[str]:
 
 
 def _template(messages: list[dict[str, Any]] | None) -> Prompt | None:
-    return None if messages is None else Prompt(template=_dumps({"messages": messages}))
-
-
-def _event(name: bytes | None, payload: dict[str, Any]) -> bytes:
-    head = b"" if name is None else b"event: " + name + b"\n"
-    return head + b"data: " + _dumps(payload) + b"\n\n"
-
-
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    return None if messages is None else Prompt(template=dumps({"messages": messages}))
 
 
 def _is_int(value: object) -> bool:

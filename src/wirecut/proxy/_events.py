@@ -16,7 +16,9 @@ Pure; used by one task at a time.
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
 __all__ = [
     "DELTA",
@@ -25,8 +27,10 @@ __all__ = [
     "PARSE",
     "EventSplitter",
     "EventTooLarge",
+    "dumps",
     "encode",
     "parse_block",
+    "typed_event",
 ]
 
 #: The data of the event that ends an OpenAI stream, and that event as sent.
@@ -52,6 +56,16 @@ def encode(name: bytes | None, data: bytes) -> bytes:
     if b"\n" not in data:
         return head + b"data: " + data + b"\n\n"
     return head + b"".join(b"data: " + line + b"\n" for line in data.split(b"\n")) + b"\n"
+
+
+def dumps(obj: Any) -> bytes:
+    """JSON as the proxy writes it into an event or a body: compact, non-ASCII as it is."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def typed_event(kind: str, **fields: Any) -> bytes:
+    """An event named ``kind`` whose data is ``{"type": kind, **fields}`` (the named-event APIs)."""
+    return encode(kind.encode(), dumps({"type": kind, **fields}))
 
 
 class EventSplitter:

@@ -22,8 +22,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from wirecut._content import content_text
 from wirecut._json import JSONError, loads
-from wirecut.proxy._content import content_text
+from wirecut.proxy._events import typed_event
 from wirecut.proxy._tally import Tally
 
 __all__ = [
@@ -92,14 +93,7 @@ def look_whole(answer: Any, tally: Tally) -> bool:
     """Whether ``answer`` (an upstream's unstreamed answer) is a message; notes it in ``tally``."""
     if not isinstance(answer, dict) or not isinstance(answer.get("content"), list):
         return False
-    tally.saw_model(answer.get("model"))
-    usage = answer.get("usage")
-    if isinstance(usage, dict):
-        tally.report(usage.get("input_tokens"), usage.get("output_tokens"))
-    texts = answer_texts(answer)
-    tally.deltas += sum(1 for text in texts if text)
-    tally.transcript.add_texts(texts)
-    tally.ended = True
+    tally.saw_whole(answer, answer_texts(answer), ended=True)
     return True
 
 
@@ -166,11 +160,6 @@ class MessagesAssembler:
 
 def whole_events(answer: dict[str, Any]) -> bytes:
     """A whole ``message`` as the events of a stream."""
-
-    def event(kind: str, **fields: Any) -> bytes:
-        data = json.dumps({"type": kind, **fields}, separators=(",", ":"), ensure_ascii=False)
-        return b"event: " + kind.encode() + b"\ndata: " + data.encode() + b"\n\n"
-
     given = answer.get("usage")
     usage: dict[str, Any] = given if isinstance(given, dict) else {}
     start = {
@@ -180,40 +169,37 @@ def whole_events(answer: dict[str, Any]) -> bytes:
         "stop_sequence": None,
         "usage": {**usage, "output_tokens": 0},
     }
-    out = [event("message_start", message=start)]
+    out = [typed_event("message_start", message=start)]
     for index, block in enumerate(answer.get("content") or ()):
         if not isinstance(block, dict):
             continue
         kind = block.get("type")
         if kind == "text":
-            out.append(
-                event("content_block_start", index=index, content_block={**block, "text": ""})
-            )
+            begun = {**block, "text": ""}
+            out.append(typed_event("content_block_start", index=index, content_block=begun))
             delta = {"type": "text_delta", "text": block.get("text") or ""}
-            out.append(event("content_block_delta", index=index, delta=delta))
+            out.append(typed_event("content_block_delta", index=index, delta=delta))
         elif kind == "tool_use":
-            out.append(
-                event("content_block_start", index=index, content_block={**block, "input": {}})
-            )
+            begun = {**block, "input": {}}
+            out.append(typed_event("content_block_start", index=index, content_block=begun))
             partial = json.dumps(block.get("input") or {}, ensure_ascii=False)
             delta = {"type": "input_json_delta", "partial_json": partial}
-            out.append(event("content_block_delta", index=index, delta=delta))
+            out.append(typed_event("content_block_delta", index=index, delta=delta))
         elif kind == "thinking":
             begun = {**block, "thinking": "", "signature": ""}
-            out.append(event("content_block_start", index=index, content_block=begun))
+            out.append(typed_event("content_block_start", index=index, content_block=begun))
             delta = {"type": "thinking_delta", "thinking": block.get("thinking") or ""}
-            out.append(event("content_block_delta", index=index, delta=delta))
+            out.append(typed_event("content_block_delta", index=index, delta=delta))
             if isinstance(block.get("signature"), str):
                 delta = {"type": "signature_delta", "signature": block["signature"]}
-                out.append(event("content_block_delta", index=index, delta=delta))
+                out.append(typed_event("content_block_delta", index=index, delta=delta))
         else:
-            out.append(event("content_block_start", index=index, content_block=block))
-        out.append(event("content_block_stop", index=index))
+            out.append(typed_event("content_block_start", index=index, content_block=block))
+        out.append(typed_event("content_block_stop", index=index))
     stop = {"stop_reason": answer.get("stop_reason"), "stop_sequence": answer.get("stop_sequence")}
-    out.append(
-        event("message_delta", delta=stop, usage={"output_tokens": usage.get("output_tokens")})
-    )
-    out.append(event("message_stop"))
+    counted = {"output_tokens": usage.get("output_tokens")}
+    out.append(typed_event("message_delta", delta=stop, usage=counted))
+    out.append(typed_event("message_stop"))
     return b"".join(out)
 
 

@@ -20,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from wirecut.proxy._record import ProxyRecord, RecordReason
-from wirecut.serving import ConnectionGuard, Dropped
+from wirecut.serving import ConnectionGuard, connection_families
 
 #: (upstream URL, in flight, queued, slots or None) of each upstream, read at scrape time.
 UpstreamGauges = Callable[[], list[tuple[str, int, int, int | None]]]
@@ -201,14 +201,8 @@ class _Gauges(Collector):
         )
         guard = self._guard()
         if guard is not None:
-            yield GaugeMetricFamily(
-                "wirecut_connections_open", "Open client connections.", value=guard.open
+            yield from connection_families(
+                guard,
+                open_help="Open client connections.",
+                dropped_help="Client connections the proxy ended for a limit, by why.",
             )
-            ended = CounterMetricFamily(
-                "wirecut_connections_dropped",
-                "Client connections the proxy ended for a limit, by why.",
-                labels=["why"],
-            )
-            for why in Dropped:
-                ended.add_metric([why.value], guard.dropped[why])
-            yield ended

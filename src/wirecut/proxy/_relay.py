@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -45,6 +44,7 @@ from wirecut.proxy._events import (
     DONE_BLOCK,
     EventSplitter,
     EventTooLarge,
+    dumps,
     encode,
     parse_block,
 )
@@ -425,7 +425,7 @@ async def _assemble(
             if payload == DONE:
                 if not dialect.done_is_whole(tally, request.choices):
                     return RelayResult(Outcome.FAILED, error=_ENDED_EARLY)
-                return RelayResult(Outcome.COMPLETE, body=_dumps(assembler.result()))
+                return RelayResult(Outcome.COMPLETE, body=dumps(assembler.result()))
             size += len(payload)
             if size > limits.body_bytes:
                 return RelayResult(
@@ -448,12 +448,12 @@ async def _assemble(
                 return _error_event(payload, chunk, told_client=False)
             assembler.add(kind or str(chunk.get("type") or ""), chunk)
             if look is Look.COMPLETE:
-                return RelayResult(Outcome.COMPLETE, body=_dumps(assembler.result()))
+                return RelayResult(Outcome.COMPLETE, body=dumps(assembler.result()))
         if not data:
             break
     if not dialect.whole(tally, request.choices):
         return RelayResult(Outcome.FAILED, error=_ENDED_EARLY)
-    return RelayResult(Outcome.COMPLETE, body=_dumps(assembler.result()))
+    return RelayResult(Outcome.COMPLETE, body=dumps(assembler.result()))
 
 
 _ENDED_EARLY = "the upstream's stream ended before its last event or a finish for every choice"
@@ -506,7 +506,3 @@ async def _whole(
     events = dialect.whole_events(answer, request.include_usage)
     await downstream.send({"type": _BODY, "body": events, "more_body": True})
     return RelayResult(Outcome.COMPLETE)
-
-
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()

@@ -16,7 +16,6 @@ any thread or process.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any
 
 from wirecut._json import JSONError, loads
 from wirecut.proxy._dialects import Endpoint
+from wirecut.proxy._events import dumps
 from wirecut.proxy._relay import UpstreamRequest
 
 __all__ = ["BadRequest", "ClientRequest", "check_request_id", "parse_request"]
@@ -114,7 +114,7 @@ def parse_request(
     else:
         body["stream"] = True
     try:
-        encoded = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        encoded = dumps(body)
     except UnicodeEncodeError as exc:
         lone = exc.object[exc.start : exc.end].encode("unicode_escape").decode()
         raise BadRequest(

@@ -21,10 +21,10 @@ Pure functions, and ``ResponsesAssembler`` (one per request).
 from __future__ import annotations
 
 import itertools
-import json
 from typing import Any
 
-from wirecut.proxy._content import content_text
+from wirecut._content import content_text
+from wirecut.proxy._events import typed_event
 from wirecut.proxy._tally import Tally
 
 __all__ = [
@@ -97,14 +97,7 @@ def look_whole(answer: Any, tally: Tally) -> bool:
     """Whether ``answer`` (an upstream's unstreamed answer) is a response; notes it in ``tally``."""
     if not isinstance(answer, dict) or not isinstance(answer.get("output"), list):
         return False
-    tally.saw_model(answer.get("model"))
-    usage = answer.get("usage")
-    if isinstance(usage, dict):
-        tally.report(usage.get("input_tokens"), usage.get("output_tokens"))
-    texts = answer_texts(answer)
-    tally.deltas += sum(1 for text in texts if text)
-    tally.transcript.add_texts(texts)
-    tally.ended = answer.get("status") != "failed"
+    tally.saw_whole(answer, answer_texts(answer), ended=answer.get("status") != "failed")
     return True
 
 
@@ -134,12 +127,7 @@ def whole_events(answer: dict[str, Any]) -> bytes:
     sequence = itertools.count()
 
     def event(kind: str, **fields: Any) -> bytes:
-        data = json.dumps(
-            {"type": kind, "sequence_number": next(sequence), **fields},
-            separators=(",", ":"),
-            ensure_ascii=False,
-        )
-        return b"event: " + kind.encode() + b"\ndata: " + data.encode() + b"\n\n"
+        return typed_event(kind, sequence_number=next(sequence), **fields)
 
     begun = {**answer, "status": "in_progress", "output": [], "usage": None}
     out = [event("response.created", response=begun), event("response.in_progress", response=begun)]

@@ -128,6 +128,20 @@ class Tally:
         if (count := _count(completion)) is not None:
             self.completion_tokens = count
 
+    def saw_whole(self, answer: dict[str, Any], texts: list[str], *, ended: bool) -> None:
+        """A named-event API's answer that came whole: its model, its usage, its ``texts``.
+
+        Both the Responses and the Messages API name the counts ``input_tokens``
+        and ``output_tokens``; ``ended``: whether it is a whole answer, not a failed one.
+        """
+        self.saw_model(answer.get("model"))
+        usage = answer.get("usage")
+        if isinstance(usage, dict):
+            self.report(usage.get("input_tokens"), usage.get("output_tokens"))
+        self.deltas += sum(1 for text in texts if text)
+        self.transcript.add_texts(texts)
+        self.ended = ended
+
     def first_token(self) -> None:
         """A delta came: note when, if it is the first."""
         if self.first_token_at is None:

@@ -7,10 +7,12 @@ background thread, and ``BackgroundServer`` is the one face of every app's
 server that runs beside its caller (``start``/``stop``, a context manager,
 ``port``, ``url``, ``base_url``). ``ConnectionLimits`` and ``GuardedConfig`` bound what
 a TCP connection may cost a server (a request-head deadline, a connection cap
-that evicts idle connections first, bounds on sends and closes).
+that evicts idle connections first, bounds on sends and closes);
+``connection_families`` shows a guard on ``/metrics``.
 """
 
 from wirecut.serving._background import BackgroundServer
+from wirecut.serving._guard_metrics import connection_families
 from wirecut.serving._limits import (
     TRANSPORT_EXTENSION,
     ConnectionGuard,
@@ -44,6 +46,7 @@ __all__ = [
     "GuardedWebSocketProtocol",
     "Server",
     "ServerThread",
+    "connection_families",
     "descriptor_limit",
     "http_address",
     "http_base",

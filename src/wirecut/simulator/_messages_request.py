@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from wirecut._content import content_text
 from wirecut.simulator._request import (
     Api,
     BadRequest,
@@ -22,7 +23,6 @@ from wirecut.simulator._request import (
     optional,
     token_limit,
 )
-from wirecut.simulator._tokenizer import message_text
 
 __all__ = ["DEFAULT_MAX_TOKENS", "parse_messages_request"]
 
@@ -38,7 +38,7 @@ def parse_messages_request(raw: bytes) -> GenerationRequest:
     if system is not None:
         if not isinstance(system, str | list):
             raise BadRequest("'system' must be a string or an array of text blocks", "system")
-        converted.append({"role": "system", "content": message_text(system)})
+        converted.append({"role": "system", "content": content_text(system)})
     for i, message in enumerate(check_messages(body)):
         converted.extend(_convert(message, f"messages[{i}]"))
     optional(body, "tools", list, "an array")
@@ -72,7 +72,7 @@ def _convert(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
             calls.append({"id": block.get("id") or "", "type": "function", "function": function})
         elif kind == "tool_result":
             result = {"role": "tool", "tool_call_id": block.get("tool_use_id") or ""}
-            results.append({**result, "content": message_text(block.get("content"))})
+            results.append({**result, "content": content_text(block.get("content"))})
     out: list[dict[str, Any]] = []
     if text or calls:
         turn: dict[str, Any] = {"role": role, "content": "".join(text)}

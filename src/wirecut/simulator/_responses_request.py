@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from wirecut._content import content_text
 from wirecut.simulator._request import (
     Api,
     BadRequest,
@@ -21,7 +22,6 @@ from wirecut.simulator._request import (
     optional,
     token_limit,
 )
-from wirecut.simulator._tokenizer import message_text
 
 __all__ = ["parse_responses_request"]
 
@@ -74,7 +74,7 @@ def _message(item: object, where: str) -> dict[str, Any]:
             raise BadRequest(
                 f"'{where}.content' must be a string or an array of parts", f"{where}.content"
             )
-        return {"role": role, "content": message_text(content)}
+        return {"role": role, "content": content_text(content)}
     if kind == "function_call":
         for field in ("call_id", "name", "arguments"):
             if not isinstance(item.get(field), str):
@@ -90,7 +90,7 @@ def _message(item: object, where: str) -> dict[str, Any]:
             raise BadRequest(
                 f"'{where}.output' must be a string or an array of parts", f"{where}.output"
             )
-        return {"role": "tool", "tool_call_id": item["call_id"], "content": message_text(output)}
+        return {"role": "tool", "tool_call_id": item["call_id"], "content": content_text(output)}
     if kind == "reasoning":
         return {}
     raise BadRequest(

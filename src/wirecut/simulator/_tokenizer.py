@@ -40,6 +40,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from wirecut._content import content_text
 from wirecut.simulator._words import MULTIBYTE_WORDS, WORDS
 
 __all__ = [
@@ -52,7 +53,6 @@ __all__ = [
     "UnknownToken",
     "apply_template",
     "count_tokens",
-    "message_text",
     "split",
 ]
 
@@ -140,23 +140,10 @@ def count_tokens(text: str) -> int:
     return len(split(text))
 
 
-def message_text(content: object) -> str:
-    """A message's text: its string content, or its text parts joined; else empty."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            part["text"]
-            for part in content
-            if isinstance(part, Mapping) and isinstance(part.get("text"), str)
-        )
-    return ""
-
-
 def apply_template(messages: Sequence[Mapping[str, object]]) -> str:
     """The ChatML prompt for chat ``messages``, ending with the assistant's turn."""
     turns = [
-        f"<|im_start|>{message.get('role')}\n{message_text(message.get('content'))}<|im_end|>\n"
+        f"<|im_start|>{message.get('role')}\n{content_text(message.get('content'))}<|im_end|>\n"
         for message in messages
     ]
     return "".join(turns) + "<|im_start|>assistant\n"

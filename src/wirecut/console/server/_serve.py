@@ -52,10 +52,10 @@ from wirecut.serving import (
     BackgroundServer,
     ConnectionGuard,
     ConnectionLimits,
-    Dropped,
     GuardedConfig,
     Server,
     ServerThread,
+    connection_families,
     descriptor_limit,
     http_base,
     listen_all,
@@ -192,25 +192,21 @@ class _ConnectionCollector:
         return []
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import GaugeMetricFamily
 
         guard = self._console.guard
         assert guard is not None
-        yield GaugeMetricFamily(
-            "wirecut_connections_open", "Open TCP connections.", value=guard.open
+        opened, dropped = connection_families(
+            guard,
+            open_help="Open TCP connections.",
+            dropped_help="Connections the server ended for a limit (docs/security.md), by why.",
         )
+        yield opened
         yield GaugeMetricFamily(
             "wirecut_outbox_bytes",
             "Bytes of console frames waiting to be sent, over every connection.",
             value=sum(c.outbox_bytes for c in self._console.connections),
         )
-        dropped = CounterMetricFamily(
-            "wirecut_connections_dropped",
-            "Connections the server ended for a limit (docs/security.md), by why.",
-            labels=["why"],
-        )
-        for why in Dropped:
-            dropped.add_metric([why.value], guard.dropped[why])
         yield dropped
 
 

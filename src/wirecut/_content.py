@@ -1,12 +1,17 @@
 """``content_text``: a message's content as plain text, as llama.cpp's chat template reads it.
 
 The Responses and Messages APIs give content as a string or as a list of
-parts; for counting a prompt with the upstream's chat template
-(``_responses.chat_messages``, ``_messages.chat_messages``) only the text
-parts count. Pure function.
+parts, and llama.cpp's conversion to chat messages keeps only the text
+parts: the simulator does that conversion as llama.cpp does, and the proxy
+does it to count a prompt with the upstream's chat template.
+
+A pure function; call it from any thread. Imports nothing from the project,
+so every layer may use it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 __all__ = ["content_text"]
 
@@ -19,6 +24,6 @@ def content_text(content: object) -> str:
         return "".join(
             part["text"]
             for part in content
-            if isinstance(part, dict) and isinstance(part.get("text"), str)
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str)
         )
     return ""
