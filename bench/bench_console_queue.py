@@ -110,9 +110,9 @@ def main() -> int:
         print("needs the extra `local`: pip install 'wirecut[local]'", file=sys.stderr)
         return 2
     report = Report(
-        "console_queue",
+        "bench_console_queue",
         "Chats cancelled while they wait for a slot (embedded llama.cpp, 2 slots, 4 workers)",
-        __doc__.split("\n\n")[1],
+        " ".join(__doc__.split("\n\n")[2].split()),
     )
     table = report.table(
         f"Per trial ({args.label})",

@@ -626,7 +626,7 @@ def main() -> None:
     chosen = args.only.split(",") if args.only else list(SCENARIOS)
     report = Report(
         "bench_proxy_hostile",
-        "wirecut proxy against hostile clients and upstreams (issue 37)",
+        "wirecut proxy against hostile clients and upstreams",
         "Each scenario against each tree, the proxy a process of its own "
         "(bench/bench_proxy_hostile.py).",
     )

@@ -44,9 +44,12 @@ HEADLINE_COLUMNS = [
 ORDER = [
     "bench_tokens",
     "bench_console",
+    "bench_console_queue",
     "wirecut_bench",
     "bench_proxy",
+    "bench_proxy_hostile",
     "bench_mcp",
+    "bench_console_mcp",
     "bench_aio",
     "bench_http",
     "bench_agent",
