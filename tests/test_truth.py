@@ -185,11 +185,18 @@ def test_a_chat_is_cancelled_only_if_its_reply_was_not_kept(
 # -- commit sections: a late cancel, a partial effect, an effect that may still happen -----
 
 
-def commit_commands(acker: SlowAcker, never: threading.Event) -> CommandSet:
-    """``test-commit`` (a COMMIT over loopback), ``test-two-steps``, ``test-hung-commit``."""
+def commit_commands(
+    acker: SlowAcker, never: threading.Event, scopes: list[Any] | None = None
+) -> CommandSet:
+    """``test-commit`` (a COMMIT over loopback), ``test-two-steps``, ``test-hung-commit``.
+
+    ``scopes``, when given, gets the scope of each ``test-commit`` as it starts.
+    """
 
     @command("test-commit", summary="(tests) one COMMIT, acknowledged")
     def commit(ctx: CommandContext, args: Args) -> None:
+        if scopes is not None:
+            scopes.append(ctx.scope)
         with socket.create_connection(acker.address) as sock:
             with ctx.scope.register_socket(sock), ctx.scope.committing("write"):
                 sock.sendall(b"COMMIT\n")
@@ -216,11 +223,15 @@ def test_a_cancel_during_a_commit_waits_for_it_and_the_command_is_ok_with_a_late
     tmp_path: Path, acker: SlowAcker
 ) -> None:
     never = threading.Event()
-    commands = commit_commands(acker, never)
+    scopes: list[Any] = []
+    commands = commit_commands(acker, never, scopes)
     with running_console(tmp_path, commands=commands) as console, console.client() as client:
         id = client.run("test-commit")
         assert acker.got_commit.wait(BOUND)
         client.cancel(id)
+        # The COMMIT is answered only once the server took the cancel: a cancel
+        # that came after the command returned would be no late cancel at all.
+        until(lambda: scopes[0].cancelled)
         acker.ack.set()
         complete = client.complete(id)
         assert client.output(id) == "acknowledged: OK\n"  # the COMMIT's socket was not cut
