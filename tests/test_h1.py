@@ -295,10 +295,30 @@ def test_a_paced_event_stream_pauses_only_after_a_read_that_drained_the_socket(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # What already waits in the socket is read without a pause a read.
-    pauses = _counted_pauses(monkeypatch)
+    events: list[tuple[str, int]] = []
+    real_recv, real_pause = _h1._Connection.recv, _h1._Connection.pause
+
+    def recv(self: Any, timeout: float | None) -> bytes:
+        data: bytes = real_recv(self, timeout)
+        events.append(("read", len(data)))
+        return data
+
+    def pause(self: Any, seconds: float) -> None:
+        events.append(("pause", 0))
+        real_pause(self, seconds)
+
+    monkeypatch.setattr(_h1._Connection, "recv", recv)
+    monkeypatch.setattr(_h1._Connection, "pause", pause)
     body, got = _read_big("text/event-stream")
     assert got == body
-    assert len(pauses) < len(body) // _h1.READ_SIZE // 2
+    # A pause lets the server fill the socket: the next reads fill their buffer.
+    assert ("read", _h1.READ_SIZE) in events
+    pauses = [i for i, (kind, _) in enumerate(events) if kind == "pause"]
+    # The first pause follows the head's read; every other one a read that drained.
+    for i in pauses[1:]:
+        kind, size = events[i - 1]
+        assert kind == "read"
+        assert 0 < size < _h1.READ_SIZE
 
 
 def test_a_body_that_is_not_an_event_stream_is_never_paced(
