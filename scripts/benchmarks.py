@@ -351,7 +351,7 @@ def main() -> int:
                 return 1
         return 0
     args.target.write_text(text)
-    if readme is not None and with_headline is not None and with_headline != readme:
+    if with_headline is not None and with_headline != readme:
         args.readme.write_text(with_headline)
     print(f"wrote {args.target} from {len(reports)} reports in {args.reports}")
     return 0
